@@ -1,0 +1,150 @@
+"""nbcoord: makes a Jupyter kernel accountable for the threads, queues and processes its cells start.
+
+Load it in a notebook::
+
+    %load_ext nbcoord
+
+From then on every thread is registered with the cell that started it, and:
+
+``%nbcoord``
+    a report: threads grouped by cell, zombies first (threads whose cell was interrupted or failed, that ignored
+    a stop, or whose owner is closed), queues, blocked runs, thread failures, memory.
+``%nbcoord threads [--all] [--stacks]``, ``%nbcoord zombies``, ``%nbcoord json``, ``%nbcoord mem``
+    parts of the report, or the whole snapshot as JSON.
+``%nbcoord stop [--grace S] [--force] [--cell N | --thread ID | --zombies]``
+    the one bounded stop: set the stop flag, run the stoppers, join everything in parallel within the grace
+    period, optionally raise in threads that ignore it, terminate child processes; prints what would not stop.
+``%nbcoord config [name=value ...]``
+    show or change settings (also ``c.NBCoord.<name>`` in an IPython profile).
+``%nbcoord panel``
+    the live panel, with a Stop-all button that works while a cell is busy.
+
+From Python: :func:`snapshot`, :func:`stop_all`, :func:`should_stop`, :func:`wait_for_stop`, :func:`on_stop`,
+:func:`panel`. Importing nbcoord does nothing by itself: no patch, no thread, no TensorFlow import.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from ._snapshot import Snapshot
+from ._stop import ScopeKind, StopReport, ThreadStopped
+
+__all__ = [
+    "NBCoordWarning",
+    "Snapshot",
+    "StopReport",
+    "ThreadStopped",
+    "load_ipython_extension",
+    "on_stop",
+    "panel",
+    "should_stop",
+    "snapshot",
+    "stop_all",
+    "unload_ipython_extension",
+    "wait_for_stop",
+]
+
+__version__ = "0.1.0"
+
+log = logging.getLogger("nbcoord")
+
+#: The loaded extension, if any. One per process: an IPython kernel has one shell.
+_extension: Any = None
+
+
+class NBCoordWarning(UserWarning):
+    """Warnings nbcoord itself raises (the test suite turns them into errors)."""
+
+
+def _require() -> Any:
+    if _extension is None:
+        raise RuntimeError("nbcoord is not loaded; run %load_ext nbcoord first.")
+    return _extension
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """Wire nbcoord into the shell: thread hooks, cell events, shutdown routes, integrations, magics."""
+    global _extension
+    if _extension is not None:
+        return  # loading twice is harmless
+    from ._lifecycle import Extension
+    from ._magics import NBCoordMagics
+
+    extension = Extension(ipython)
+    extension.install()
+    ipython.register_magics(NBCoordMagics(ipython, extension))
+    _extension = extension
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """Remove exactly what :func:`load_ipython_extension` added."""
+    global _extension
+    extension, _extension = _extension, None
+    if extension is None:
+        return
+    extension.uninstall()
+    magics = ipython.magics_manager.magics.get("line", {})
+    if "nbcoord" in magics:
+        del magics["nbcoord"]
+    ipython.magics_manager.registry.pop("NBCoordMagics", None)
+
+
+def snapshot(*, stacks: bool = False) -> Snapshot:
+    """One typed, JSON-serialisable picture of the kernel: threads, cells, zombies, queues, memory.
+
+    Parameters
+    ----------
+    stacks
+        Include each thread's current stack (slower with many threads).
+    """
+    return _require().snapshot(stacks=stacks)  # type: ignore[no-any-return]
+
+
+def stop_all(
+    *,
+    grace: float | None = None,
+    force: bool = False,
+    cell: int | None = None,
+    thread: str | None = None,
+    zombies: bool = False,
+) -> StopReport:
+    """Stop threads (and child processes) within a bounded time, and report what would not stop.
+
+    Parameters
+    ----------
+    grace
+        Seconds to wait for threads to end (default: ``NBCoord.grace_period``).
+    force
+        Raise :class:`ThreadStopped` in threads still running Python code late in the grace period.
+    cell, thread, zombies
+        Narrow the scope to one cell's threads, one thread (its id from the snapshot), or the zombies.
+    """
+    kind: ScopeKind = (
+        "cell" if cell is not None else "thread" if thread is not None else "zombies" if zombies else "all"
+    )
+    return _require().stop(kind, grace=grace, force=force, cell=cell, tid=thread)  # type: ignore[no-any-return]
+
+
+def should_stop() -> bool:
+    """True once a stop was requested for the calling thread. False when nbcoord is not loaded."""
+    return _extension is not None and bool(_extension.should_stop())
+
+
+def wait_for_stop(timeout: float | None = None) -> bool:
+    """Wait until a stop is requested for the calling thread; True if it was, False on timeout."""
+    if _extension is None:
+        raise RuntimeError("nbcoord is not loaded; run %load_ext nbcoord first.")
+    return bool(_extension.wait_for_stop(timeout))
+
+
+def on_stop(callback: Callable[[], None]) -> Callable[[], None]:
+    """Run ``callback`` when a stop concerns everything, or the cell that registered it; returns a remover."""
+    return _require().on_stop(callback)  # type: ignore[no-any-return]
+
+
+def panel() -> Any:
+    """The live panel widget (display it, or let a cell's last expression show it)."""
+    return _require().panel()

@@ -1,0 +1,67 @@
+"""nbcoord's settings, as a traitlets ``Configurable`` so that an IPython profile can set them.
+
+In ``ipython_config.py`` (or ``ipython_kernel_config.py``)::
+
+    c.NBCoord.grace_period = 2.0
+    c.NBCoord.stop_on_interrupt = True
+
+At run time: ``%nbcoord config grace_period=2``.
+"""
+
+from __future__ import annotations
+
+from traitlets import Bool, Float, Integer
+from traitlets.config import Configurable
+
+
+class NBCoord(Configurable):
+    """Settings of the nbcoord extension."""
+
+    grace_period = Float(
+        1.0,
+        min=0.0,
+        help="Seconds a stop waits for threads to finish before it reports them as still alive.",
+    ).tag(config=True)
+    shutdown_budget = Float(
+        1.5,
+        min=0.1,
+        help=(
+            "Seconds the pre-shutdown hook may spend stopping and joining threads. jupyter_client sends SIGTERM "
+            "2.5 s after a shutdown request, so keep this well under that."
+        ),
+    ).tag(config=True)
+    stop_on_interrupt = Bool(
+        False,
+        help="Stop the threads a cell started when that cell is interrupted (default: only report them).",
+    ).tag(config=True)
+    force_on_shutdown = Bool(
+        True,
+        help="At shutdown, raise an exception in threads that ignore the stop flag once half the budget is spent.",
+    ).tag(config=True)
+    monitor_interval = Float(
+        1.0,
+        min=0.05,
+        help="Seconds between activity samples of nbcoord's monitor thread (idle times, CPU per thread).",
+    ).tag(config=True)
+    panel_interval = Float(
+        1.0,
+        min=0.1,
+        help="Seconds between panel refreshes; nothing is sent when nothing changed.",
+    ).tag(config=True)
+    max_report_threads = Integer(
+        200,
+        min=1,
+        help="Rows per section shown by the text report before it summarises the rest.",
+    ).tag(config=True)
+
+
+#: Settings that ``%nbcoord config`` may change, with the type each is parsed as.
+RUNTIME_SETTINGS: dict[str, type] = {
+    "grace_period": float,
+    "shutdown_budget": float,
+    "stop_on_interrupt": bool,
+    "force_on_shutdown": bool,
+    "monitor_interval": float,
+    "panel_interval": float,
+    "max_report_threads": int,
+}

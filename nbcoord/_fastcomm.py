@@ -1,0 +1,387 @@
+"""Panel commands handled off the kernel's main thread.
+
+A widget click reaches the kernel as a ``comm_msg`` on the shell channel, and the kernel
+handles shell messages on its main thread: while a cell runs (``time.sleep``, a
+TensorFlow ``sess.run`` blocked on an empty queue, a Python loop), a Stop click waits
+until the cell ends, which may be never. This module gives the panel a second, fast
+route for its own commands, chosen from what the running kernel offers:
+
+``"shell-channel"`` (ipykernel >= 7)
+    The kernel reads the shell socket on its "Shell channel" thread and only then
+    routes each message to the main thread. We wrap the callback of that socket's
+    stream: a message that is a ``comm_msg`` for a registered comm id, with
+    ``data.method == "custom"`` and an allowed ``content.type``, is copied to our worker
+    thread; every message, ours included, then goes on to the callback that was there,
+    untouched. The front end needs to do nothing special.
+``"control"`` (ipykernel 6, or 7 when the shell-channel internals are not found)
+    Only the control channel is read off the main thread. We add a ``comm_msg`` entry
+    to ``kernel.control_handlers`` that accepts only registered comm ids; the front end
+    must send its click on the control channel as well (see the panel's module).
+``"none"``
+    Nothing fits (no kernel, an in-process kernel, unknown internals). Clicks are then
+    handled late, by the widget's ordinary handler. ``FastRoute.reason`` says why.
+
+In every case the ordinary shell message still reaches the widget's own handler when
+the main thread is free, so a command can arrive twice: the handler must be idempotent
+(the panel deduplicates by ``click_id``).
+
+The handler runs on one worker thread owned by the route, named ``nbcoord-fastcomm``,
+never on the kernel's channel threads. Nothing from a message is evaluated; malformed
+messages are ignored (logged at debug level); nothing raises into the kernel's threads.
+Nothing in-process can act while the main thread holds the GIL inside a C call that
+does not release it; the route then runs when the GIL is released.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import queue
+import re
+import threading
+from collections.abc import Callable, Collection, Mapping
+from typing import Any, Final, Literal
+
+__all__ = ["WORKER_THREAD_NAME", "FastRoute", "Handler", "RouteKind", "install"]
+
+logger = logging.getLogger("nbcoord")
+
+Handler = Callable[[str, dict[str, Any]], None]
+"""``handler(comm_id, content)``: ``content`` is the custom message's own content."""
+
+RouteKind = Literal["shell-channel", "control", "none"]
+
+WORKER_THREAD_NAME: Final = "nbcoord-fastcomm"
+DEFAULT_TYPES: Final = frozenset({"stop"})
+# Clicks waiting for the worker; more than this means the handler is stuck, and
+# dropping is better than blocking a kernel channel thread.
+_QUEUE_SIZE: Final = 64
+_JOIN_TIMEOUT_S: Final = 2.0
+_DELIM: Final = b"<IDS|MSG>"
+# Comm ids that JSON writes verbatim, so that a byte search can pre-filter content.
+_PLAIN_ID: Final = re.compile(r"[A-Za-z0-9_.:-]+")
+
+_logged_once: set[str] = set()
+_logged_once_lock = threading.Lock()
+
+
+def _log_once(level: int, message: str) -> None:
+    with _logged_once_lock:
+        if message in _logged_once:
+            return
+        _logged_once.add(message)
+    logger.log(level, message)
+
+
+class _Worker:
+    """One thread that calls the handler for each accepted command, in order."""
+
+    def __init__(self, handler: Handler) -> None:
+        self._handler = handler
+        self._queue: queue.Queue[tuple[str, dict[str, Any]] | None] = queue.Queue(_QUEUE_SIZE)
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name=WORKER_THREAD_NAME, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, comm_id: str, content: dict[str, Any]) -> None:
+        """Queue a command; never blocks (called on kernel channel threads)."""
+        try:
+            self._queue.put_nowait((comm_id, content))
+        except queue.Full:
+            logger.warning("nbcoord fast route: handler is behind, dropped a %r command", content.get("type"))
+
+    def stop(self) -> None:
+        """Stop after the command being handled; pending commands are dropped."""
+        self._stopping = True
+        with contextlib.suppress(queue.Full):  # the worker sees _stopping after its item
+            self._queue.put_nowait(None)
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(_JOIN_TIMEOUT_S)
+            if self._thread.is_alive():
+                logger.warning("nbcoord fast route: worker still busy after %.1f s", _JOIN_TIMEOUT_S)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None or self._stopping:
+                return
+            try:
+                self._handler(*item)
+            except Exception:
+                logger.exception("nbcoord fast route: handler failed")
+
+
+class FastRoute:
+    """The installed route; returned by :func:`install`.
+
+    Attributes
+    ----------
+    kind : {"shell-channel", "control", "none"}
+        The route in use. The panel tells its front end this value: ``"control"``
+        means the click must also be sent on the control channel.
+    reason : str or None
+        Why no fast route is available (``kind == "none"``), else None.
+    """
+
+    def __init__(self, kind: RouteKind, reason: str | None, types: Collection[str]) -> None:
+        self.kind: RouteKind = kind
+        self.reason = reason
+        self._types = frozenset(types)
+        # Copy-on-write: channel threads read the attribute without a lock.
+        self._comm_ids: frozenset[str] = frozenset()
+        self._lock = threading.Lock()  # guards writes of _comm_ids and _undo
+        self._active = False
+        self._undo: Callable[[], None] | None = None
+        self._worker: _Worker | None = None
+
+    def __repr__(self) -> str:
+        return f"<FastRoute {self}>"
+
+    def __str__(self) -> str:
+        if self.kind == "none":
+            return f"fast route unavailable: {self.reason}"
+        return f"fast route: {self.kind}"
+
+    def add_comm(self, comm_id: str) -> None:
+        """Accept commands addressed to ``comm_id`` (a widget's ``comm.comm_id``)."""
+        with self._lock:
+            self._comm_ids = self._comm_ids | {comm_id}
+
+    def remove_comm(self, comm_id: str) -> None:
+        """Stop accepting commands for ``comm_id``; unknown ids are ignored."""
+        with self._lock:
+            self._comm_ids = self._comm_ids - {comm_id}
+
+    def uninstall(self) -> None:
+        """Undo what :func:`install` changed and stop the worker. Idempotent."""
+        with self._lock:
+            self._active = False
+            undo, self._undo = self._undo, None
+            worker, self._worker = self._worker, None
+        if undo is not None:
+            try:
+                undo()
+            except Exception:
+                logger.exception("nbcoord fast route: uninstall failed")
+        if worker is not None:
+            worker.stop()
+
+    # -- called on kernel channel threads: must never raise -------------------------
+
+    def _might_match(self, raw_content: bytes) -> bool:
+        """Cheap byte test, so that big widget messages are not parsed twice."""
+        ids = self._comm_ids
+        if not all(_PLAIN_ID.fullmatch(i) for i in ids):
+            return bool(ids)
+        return any(i.encode() in raw_content for i in ids)
+
+    def _offer(self, content: object) -> None:
+        """Hand ``content`` (a comm_msg's content) to the worker if it is ours."""
+        if not self._active or not isinstance(content, Mapping):
+            return
+        comm_id = content.get("comm_id")
+        if not isinstance(comm_id, str) or comm_id not in self._comm_ids:
+            return  # another widget's message: not ours to judge
+        command = _command(content.get("data"), self._types)
+        if command is None:
+            logger.debug("nbcoord fast route: ignored a message for comm %s", comm_id)
+            return
+        worker = self._worker
+        if worker is not None:
+            worker.submit(comm_id, command)
+
+
+def _command(data: object, types: frozenset[str]) -> dict[str, Any] | None:
+    """Return a private copy of the custom content if it is an allowed command."""
+    if not isinstance(data, Mapping) or data.get("method") != "custom":
+        return None
+    content = data.get("content")
+    if not isinstance(content, dict):
+        return None
+    kind = content.get("type")
+    if not isinstance(kind, str) or kind not in types:
+        return None
+    try:
+        return copy.deepcopy(content)
+    except RecursionError:
+        return None
+
+
+# -- ipykernel >= 7: the shell channel thread ------------------------------------------
+
+
+def _as_bytes(part: object) -> bytes:
+    if isinstance(part, bytes):
+        return part
+    raw = getattr(part, "bytes", None)  # zmq.Frame
+    if isinstance(raw, bytes):
+        return raw
+    if isinstance(part, (bytearray, memoryview)):
+        return bytes(part)
+    raise TypeError(type(part).__name__)
+
+
+def _peek_shell(route: FastRoute, session: Any, frames: list[Any]) -> None:
+    """Find an accepted command in one raw shell message, leaving it untouched."""
+    start = next(i for i, frame in enumerate(frames) if _as_bytes(frame) == _DELIM) + 1
+    if len(frames) < start + 5:
+        return
+    header = _as_bytes(frames[start + 1])
+    if b"comm_msg" not in header:
+        return  # almost every message stops here, after copying a small header
+    content = _as_bytes(frames[start + 4])
+    if not route._might_match(content):
+        return
+    head = [
+        _as_bytes(frames[start]),
+        header,
+        _as_bytes(frames[start + 2]),
+        _as_bytes(frames[start + 3]),
+        content,
+    ]
+    # content=False: checks the signature (unsigned or forged messages are dropped
+    # here) without recording it, so the kernel's own deserialize does not see a
+    # "Duplicate Signature" and still delivers this message to the widget.
+    message = session.deserialize(head, content=False, copy=True)
+    if message["header"].get("msg_type") != "comm_msg":
+        return
+    route._offer(session.unpack(message["content"]))
+
+
+def _install_shell_channel(kernel: object, route: FastRoute) -> str | None:
+    """Wrap the shell stream's callback; return why not, or None once installed."""
+    thread = getattr(kernel, "shell_channel_thread", None)
+    if not isinstance(thread, threading.Thread):
+        return "no shell channel thread (ipykernel < 7)"
+    if not thread.is_alive():
+        return "the shell channel thread is not running"
+    stream = getattr(kernel, "shell_stream", None)
+    original = getattr(stream, "_recv_callback", None)
+    if stream is None or not callable(original):
+        return "the shell stream has no receive callback (kernel not started yet)"
+    if getattr(stream, "io_loop", None) is not getattr(thread, "io_loop", object()):
+        return "the shell stream is not read on the shell channel thread"
+    session = getattr(kernel, "session", None)
+    if not all(callable(getattr(session, name, None)) for name in ("deserialize", "unpack")):
+        return "the kernel session cannot deserialize"
+
+    def on_shell_message(frames: list[Any]) -> Any:
+        if route._active:
+            try:
+                _peek_shell(route, session, frames)
+            except Exception:
+                logger.debug("nbcoord fast route: unreadable shell message", exc_info=True)
+        return original(frames)
+
+    def undo() -> None:
+        if getattr(stream, "_recv_callback", None) is on_shell_message:
+            stream._recv_callback = original
+        else:  # someone wrapped us since: stay in place as a pure pass-through
+            logger.info("nbcoord fast route: shell callback was re-wrapped; left inert")
+
+    # One attribute store, atomic under the GIL: the next message read uses the wrapper.
+    stream._recv_callback = on_shell_message
+    route._undo = undo
+    return None
+
+
+# -- ipykernel 6 (and fallback): the control thread ------------------------------------
+
+
+def _install_control(kernel: object, route: FastRoute) -> str | None:
+    """Add a ``comm_msg`` control handler; return why not, or None once installed."""
+    handlers = getattr(kernel, "control_handlers", None)
+    if not isinstance(handlers, dict):
+        return "the kernel has no control handlers"
+    thread = getattr(kernel, "control_thread", None)
+    if not isinstance(thread, threading.Thread) or not thread.is_alive():
+        return "the control channel is handled on the main thread"
+    had_previous = "comm_msg" in handlers
+    previous = handlers.get("comm_msg")
+
+    def on_control_comm_msg(stream: Any, idents: Any, msg: Any) -> Any:
+        if route._active:
+            try:
+                route._offer(msg.get("content") if isinstance(msg, Mapping) else None)
+            except Exception:
+                logger.debug("nbcoord fast route: unreadable control message", exc_info=True)
+        if callable(previous):
+            return previous(stream, idents, msg)
+        return None
+
+    def undo() -> None:
+        if handlers.get("comm_msg") is not on_control_comm_msg:
+            logger.info("nbcoord fast route: control handler was replaced; left inert")
+        elif had_previous:
+            handlers["comm_msg"] = previous
+        else:
+            del handlers["comm_msg"]
+
+    handlers["comm_msg"] = on_control_comm_msg
+    route._undo = undo
+    return None
+
+
+_Installer = Callable[[object, FastRoute], "str | None"]
+
+
+def install(kernel: object, handler: Handler, *, types: Collection[str] = DEFAULT_TYPES) -> FastRoute:
+    """Install the fastest route the kernel offers for the panel's commands.
+
+    Parameters
+    ----------
+    kernel : object
+        The running ipykernel ``Kernel`` (``get_ipython().kernel``); None or anything
+        else gives a route of kind ``"none"``.
+    handler : callable
+        ``handler(comm_id, content)``, called on the route's worker thread for each
+        accepted command; ``content`` is the custom message's content, a private copy.
+    types : collection of str
+        Accepted values of ``content["type"]``.
+
+    Returns
+    -------
+    FastRoute
+        Register comm ids with ``add_comm``; ``uninstall`` restores the kernel.
+    """
+    reasons = []
+    installers: tuple[tuple[RouteKind, _Installer], ...] = (
+        ("shell-channel", _install_shell_channel),
+        ("control", _install_control),
+    )
+    for kind, install_route in installers:
+        route = FastRoute(kind, None, types)
+        why = _try_install(kernel, route, install_route, handler)
+        if why is None:
+            return route
+        reasons.append(f"{kind}: {why}")
+    route = FastRoute("none", "; ".join(reasons), types)
+    _log_once(logging.WARNING, f"nbcoord: {route}; Stop acts when the running cell ends")
+    return route
+
+
+def _try_install(kernel: object, route: FastRoute, install_route: _Installer, handler: Handler) -> str | None:
+    """Install one route and start its worker; return why not, or None."""
+    with route._lock:
+        try:
+            why = install_route(kernel, route)
+        except Exception as error:  # internals that look right but are not
+            logger.debug("nbcoord fast route: %s install failed", route.kind, exc_info=True)
+            return f"{type(error).__name__}: {error}"
+        if why is not None:
+            return why
+        route._worker = _Worker(handler)
+        try:
+            route._worker.start()
+        except RuntimeError as error:  # "can't start new thread"
+            logger.debug("nbcoord fast route: no worker thread", exc_info=True)
+            route._worker = None
+            if route._undo is not None:
+                route._undo()
+                route._undo = None
+            return f"no worker thread: {error}"
+        route._active = True
+        return None

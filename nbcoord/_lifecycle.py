@@ -1,0 +1,280 @@
+"""The running extension: wires the registry, the hooks, the stop and the views to one IPython shell.
+
+``load_ipython_extension`` creates one :class:`Extension` and calls :meth:`Extension.install`;
+``unload_ipython_extension`` calls :meth:`Extension.uninstall`, which removes exactly what install added.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import psutil
+
+from ._config import NBCoord
+from ._registry import CellOutcome, Registry
+from ._report import ZOMBIE_WORDS
+from ._shutdown import ShutdownHooks, abandon_thread
+from ._snapshot import Snapshot, SnapshotBuilder
+from ._stop import ScopeKind, StopMechanism, StopReport, StopScope, ThreadStopped
+from ._threads import INTERNAL_PREFIX, Monitor, ThreadHooks
+
+log = logging.getLogger("nbcoord")
+
+
+def _ipython_major() -> int:
+    import IPython
+
+    return int(IPython.version_info[0])
+
+
+def cell_outcome(result: Any) -> tuple[CellOutcome, str | None]:
+    """ok, error or interrupted, from IPython's ExecutionResult."""
+    error = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
+    if error is None:
+        return "ok", None
+    if isinstance(error, KeyboardInterrupt):
+        return "interrupted", "KeyboardInterrupt"
+    return "error", f"{type(error).__name__}: {error}"[:300]
+
+
+class Extension:
+    """Everything one loaded nbcoord holds, and the wiring between the parts."""
+
+    def __init__(self, shell: Any) -> None:
+        self.shell = shell
+        self.config = NBCoord(parent=shell)
+        self.registry = Registry()
+        self.monitor = Monitor(lambda: self.config.monitor_interval)
+        self.hooks = ThreadHooks(self.registry, ignore_exception=lambda exc: isinstance(exc, ThreadStopped))
+        self.snapshots = SnapshotBuilder(self.registry, lambda: self.config.grace_period)
+        self.stopper = StopMechanism(self.registry, self._children_in_scope)
+        self.stopper.on_report = self._remember_stop
+        self.shutdown = ShutdownHooks(self._shutdown_stop)
+        self._user_stoppers: list[tuple[Callable[[], None], int | None]] = []
+        self._undo: list[Callable[[], None]] = []
+        self._first_count = _ipython_major() >= 9
+        self.loaded_at = time.time()
+        self.installed = False
+
+    # ---------------------------------------------------------------------------------------- install
+    def install(self) -> None:
+        """Install hooks, events, the monitor and the shutdown routes."""
+        self.registry.adopt_existing(internal=lambda t: t.name.startswith(INTERNAL_PREFIX))
+        self.hooks.install()
+        self._undo.append(self.hooks.uninstall)
+        events = self.shell.events
+        events.register("pre_run_cell", self._pre_run_cell)
+        events.register("post_run_cell", self._post_run_cell)
+        self._undo.append(lambda: events.unregister("pre_run_cell", self._pre_run_cell))
+        self._undo.append(lambda: events.unregister("post_run_cell", self._post_run_cell))
+        self._undo.append(self.stopper.add_stopper("user", self._run_user_stoppers))
+        self._undo.append(self.monitor.add_task("activity", self.registry.sample_activity))
+        self.monitor.start()
+        self._undo.append(self.monitor.stop)
+        self.shutdown.install(self.shell)
+        self._undo.append(self.shutdown.uninstall)
+        self.installed = True
+
+    def add_undo(self, undo: Callable[[], None]) -> None:
+        """Remember something to undo at uninstall (integrations and the panel add theirs)."""
+        self._undo.append(undo)
+
+    def uninstall(self) -> None:
+        """Undo everything, newest first; one failing step does not keep the others from running."""
+        self.installed = False
+        while self._undo:
+            undo = self._undo.pop()
+            try:
+                undo()
+            except Exception:
+                log.warning("nbcoord: an unload step failed", exc_info=True)
+
+    # ------------------------------------------------------------------------------------------- cells
+    def _pre_run_cell(self, info: Any) -> None:
+        try:
+            self._announce_failures()
+            count = self.shell.execution_count
+            if self._first_count and getattr(info, "store_history", False):
+                count -= 1  # IPython 9 counts the cell before pre_run_cell; 8 after it
+            self.registry.cell_started(count, getattr(info, "cell_id", None), getattr(info, "raw_cell", "") or "")
+        except Exception:
+            log.warning("nbcoord: pre_run_cell hook failed", exc_info=True)
+
+    def _post_run_cell(self, result: Any) -> None:
+        try:
+            outcome, error = cell_outcome(result)
+            count = getattr(result, "execution_count", None)
+            current = self.registry.current_cell()
+            if count is None:
+                count = current.execution_count if current is not None else 0
+            cell = self.registry.cell_finished(count, outcome, error)
+            if cell is None:
+                return
+            if outcome == "interrupted" and self.config.stop_on_interrupt:
+                report = self.stop(kind="cell", cell=cell.execution_count)
+                if report["stopped"] or report["alive"]:
+                    print(f"nbcoord: stopped the threads of interrupted cell [{cell.execution_count}].")
+            if outcome != "ok":
+                self._announce_zombies(cell.execution_count)
+        except Exception:
+            log.warning("nbcoord: post_run_cell hook failed", exc_info=True)
+
+    def _announce_zombies(self, execution_count: int) -> None:
+        grace = self.config.grace_period
+        zombies = [
+            (record, reason)
+            for record in self.registry.records()
+            if record.cell is not None
+            and record.cell.execution_count == execution_count
+            and (reason := self.registry.zombie_reason(record, grace)) is not None
+        ]
+        if not zombies:
+            return
+        names = ", ".join(record.name for record, _ in zombies[:5]) + (" ..." if len(zombies) > 5 else "")
+        why = ZOMBIE_WORDS[zombies[0][1]]
+        print(
+            f"nbcoord: this cell left {len(zombies)} zombie thread(s) running ({why}): {names}. "
+            "See %nbcoord zombies; stop them with %nbcoord stop --zombies.",
+            file=sys.stderr,
+        )
+
+    def _announce_failures(self) -> None:
+        failures = self.registry.take_unreported_failures()
+        if not failures:
+            return
+        first = failures[0]
+        where = f" started by cell [{first.cell}]" if first.cell is not None else ""
+        more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+        print(
+            f"nbcoord: thread {first.thread_name!r}{where} failed: {first.exc_type}: {first.message}{more}. "
+            "See %nbcoord for tracebacks.",
+            file=sys.stderr,
+        )
+
+    # -------------------------------------------------------------------------------------------- stop
+    def stop(
+        self,
+        kind: ScopeKind = "all",
+        *,
+        grace: float | None = None,
+        force: bool = False,
+        cell: int | None = None,
+        tid: str | None = None,
+    ) -> StopReport:
+        """The one stop: every route (magic, API, panel, shutdown) comes here."""
+        grace = self.config.grace_period if grace is None else grace
+        return self.stopper.stop(kind, grace=grace, force=force, cell=cell, tid=tid)
+
+    def on_stop(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Register a user callback, run by stops of everything or of the cell that registered it."""
+        current = self.registry.current_cell()
+        entry = (callback, current.execution_count if current is not None else None)
+        self._user_stoppers.append(entry)
+
+        def remove() -> None:
+            if entry in self._user_stoppers:
+                self._user_stoppers.remove(entry)
+
+        return remove
+
+    def _run_user_stoppers(self, scope: StopScope) -> None:
+        cells = {r.cell.execution_count for r in scope.records if r.cell is not None}
+        failures: list[str] = []
+        for callback, cell in list(self._user_stoppers):
+            if scope.kind == "all" or cell is None or cell in cells:
+                try:
+                    callback()
+                except Exception as exc:
+                    log.warning("nbcoord: on_stop callback %r failed", callback, exc_info=True)
+                    failures.append(f"{callback!r}: {type(exc).__name__}: {exc}")
+        if failures:
+            raise RuntimeError("; ".join(failures))
+
+    def _remember_stop(self, report: StopReport) -> None:
+        self.snapshots.last_stop = dict(report)
+
+    def _children_in_scope(self, kind: ScopeKind, cell: int | None) -> Sequence[psutil.Process]:
+        """Child processes started since load, by the cell in scope (by creation time against its run)."""
+        if kind == "thread":
+            return []
+        try:
+            children = psutil.Process().children(recursive=True)
+        except psutil.Error:
+            log.warning("nbcoord: could not list child processes", exc_info=True)
+            return []
+        windows = [(c.execution_count, c.started_at, c.ended_at) for c in self.registry.cells()]
+        chosen: list[psutil.Process] = []
+        for child in children:
+            try:
+                created = child.create_time()
+            except psutil.Error:
+                continue
+            if created + 0.01 < self.loaded_at:
+                continue  # not ours to stop: it existed before nbcoord was loaded
+            owner = next(
+                (n for n, start, end in windows if start - 0.01 <= created <= (end or time.time()) + 0.01),
+                None,
+            )
+            if (
+                kind == "all"
+                or (kind == "cell" and owner == cell)
+                or (kind == "zombies" and owner is not None and self._cell_failed(owner))
+            ):
+                chosen.append(child)
+        return chosen
+
+    def _cell_failed(self, execution_count: int) -> bool:
+        cell = self.registry.cell(execution_count)
+        return cell is not None and cell.outcome in ("error", "interrupted")
+
+    # ---------------------------------------------------------------------------------------- shutdown
+    def _shutdown_stop(self, route: str) -> None:
+        """Stop nbcoord's own threads, then everything, within the budget; abandon what will not stop."""
+        started = time.monotonic()
+        budget = self.config.shutdown_budget
+        self.monitor.stop(timeout=0.2)
+        report = self.stopper.stop("all", grace=budget, force=self.config.force_on_shutdown)
+        abandoned = [row["name"] for row in report["alive"]]
+        for row in report["alive"]:
+            record = self.registry.get(row["tid"])
+            thread = record.thread if record is not None else None
+            if thread is not None and not thread.daemon:
+                abandon_thread(thread)
+        took = time.monotonic() - started
+        if abandoned:
+            log.warning(
+                "nbcoord: %s: abandoned %d thread(s) that would not stop: %s",
+                route,
+                len(abandoned),
+                abandoned,
+            )
+        log.info("nbcoord: %s: stopped %d thread(s) in %.3f s", route, len(report["stopped"]), took)
+
+    # ------------------------------------------------------------------------------------------- views
+    def snapshot(self, *, stacks: bool = False) -> Snapshot:
+        """One snapshot of the kernel."""
+        return self.snapshots.build(stacks=stacks)
+
+    def should_stop(self) -> bool:
+        """Whether a stop was requested for the calling thread."""
+        event = self.registry.stop_event_for_current()
+        return event is not None and event.is_set()
+
+    def wait_for_stop(self, timeout: float | None) -> bool:
+        """Block until a stop is requested for the calling thread, or the timeout passes."""
+        event = self.registry.stop_event_for_current()
+        if event is None:
+            threading.Event().wait(timeout)
+            return False
+        return event.wait(timeout)
+
+    def panel(self) -> Any:
+        """The live panel (one per kernel; displaying it again shows another view of the same widget)."""
+        from ._panel import panel_for
+
+        return panel_for(self)

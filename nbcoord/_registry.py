@@ -1,0 +1,394 @@
+"""The kernel-wide registry of threads, cells and owners.
+
+It knows nothing of IPython or TensorFlow: the lifecycle layer tells it when a cell starts and ends, a patched
+``Thread.start`` tells it when a thread starts, and integrations attach owners (an executor, a QueueRunner) to
+threads. Everything that views show is derived from here at snapshot time.
+
+Owners are held by weak reference: the registry must never keep a Session (and its GPU memory) or an executor
+alive. Threads are held by weak reference too, so that a finished thread is forgotten once nobody else holds it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import threading
+import time
+import traceback
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Literal
+
+CellOutcome = Literal["running", "ok", "error", "interrupted"]
+ZombieReason = Literal["cell-interrupted", "cell-error", "stop-ignored", "owner-closed"]
+
+#: How many frames of the starting code a record keeps. Short on purpose: it is taken on every Thread.start.
+CREATION_STACK_DEPTH = 6
+#: How many thread failures are kept; older ones are dropped first.
+MAX_FAILURES = 100
+
+
+@dataclass
+class CellInfo:
+    """One executed cell: its number, the front end's cell id if the request carried one, and its outcome."""
+
+    execution_count: int
+    cell_id: str | None
+    first_line: str
+    started_at: float
+    ended_at: float | None = None
+    outcome: CellOutcome = "running"
+    error: str | None = None
+
+
+@dataclass
+class Owner:
+    """Something that owns a thread: an executor, a QueueRunner, a Session, a Coordinator.
+
+    ``is_closed`` and ``stop`` are called with the live object; the object itself is only held through ``ref``.
+    """
+
+    kind: str
+    label: str
+    ref: weakref.ref[object] | None = None
+    is_closed: Callable[[object], bool] | None = None
+    #: How to stop this owner (an executor: shut down with pending work cancelled); called by the stop.
+    stop: Callable[[object], None] | None = None
+
+    def closed(self) -> bool:
+        """True when the owner was closed, shut down, or garbage collected."""
+        if self.ref is None:
+            return False
+        target = self.ref()
+        if target is None:
+            return True
+        if self.is_closed is None:
+            return False
+        try:
+            return bool(self.is_closed(target))
+        except Exception:  # an owner's own state check must not break a report
+            return False
+
+
+@dataclass
+class ThreadFailure:
+    """An exception that escaped a thread's run()."""
+
+    tid: str | None
+    thread_name: str
+    cell: int | None
+    exc_type: str
+    message: str
+    traceback: str
+    at: float
+    reported: bool = False
+
+
+@dataclass
+class ThreadRecord:
+    """What the registry knows about one thread."""
+
+    tid: str
+    thread_ref: weakref.ref[threading.Thread]
+    name: str
+    ident: int | None
+    native_id: int | None
+    daemon: bool
+    started_at: float
+    cell: CellInfo | None
+    parent_name: str | None
+    parent_tid: str | None
+    creation_stack: list[str]
+    preexisting: bool = False
+    internal: bool = False
+    owners: list[Owner] = field(default_factory=list)
+    stop_event: threading.Event = field(default_factory=threading.Event)
+    stop_requested_at: float | None = None
+    last_exception: ThreadFailure | None = None
+    last_active: float = 0.0
+    activity_signature: tuple[int, int] | None = None
+    cpu_s: float | None = None
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The live Thread object, or None once it is gone."""
+        return self.thread_ref()
+
+    def is_alive(self) -> bool:
+        """Whether the thread is still running."""
+        thread = self.thread_ref()
+        return thread is not None and thread.is_alive()
+
+
+def creation_stack(frame: FrameType | None, depth: int = CREATION_STACK_DEPTH) -> list[str]:
+    """A short, cheap stack: ``file:line in function`` for the innermost frames, without reading sources."""
+    lines: list[str] = []
+    while frame is not None and len(lines) < depth:
+        code = frame.f_code
+        lines.append(f"{code.co_filename}:{frame.f_lineno} in {code.co_name}")
+        frame = frame.f_back
+    return lines
+
+
+class Registry:
+    """Thread-safe record of threads and cells for one kernel."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        # Guards _threads, _by_ident, _cells, _current_cell, _failures and every record's mutable fields.
+        self._lock = threading.RLock()
+        self._threads: dict[str, ThreadRecord] = {}
+        self._by_ident: dict[int, ThreadRecord] = {}
+        self._cells: dict[int, CellInfo] = {}
+        self._current_cell: CellInfo | None = None
+        self._failures: deque[ThreadFailure] = deque(maxlen=MAX_FAILURES)
+        self._ids = itertools.count(1)
+        self.created_at = clock()
+
+    # ----------------------------------------------------------------------------------------------- cells
+    def cell_started(self, execution_count: int, cell_id: str | None, source: str) -> CellInfo:
+        """Record that a cell began to run on the main thread."""
+        first_line = next((line.strip() for line in source.splitlines() if line.strip()), "")
+        cell = CellInfo(execution_count, cell_id, first_line[:120], self._clock())
+        with self._lock:
+            self._cells[execution_count] = cell
+            self._current_cell = cell
+        return cell
+
+    def cell_finished(self, execution_count: int, outcome: CellOutcome, error: str | None = None) -> CellInfo | None:
+        """Record a cell's outcome. The count may differ from the provisional one given at start."""
+        with self._lock:
+            cell = self._current_cell
+            self._current_cell = None
+            if cell is None:
+                return None
+            if cell.execution_count != execution_count:
+                self._cells.pop(cell.execution_count, None)
+                cell.execution_count = execution_count
+                self._cells[execution_count] = cell
+            cell.ended_at = self._clock()
+            cell.outcome = outcome
+            cell.error = error
+            return cell
+
+    def current_cell(self) -> CellInfo | None:
+        """The cell running now, if any."""
+        return self._current_cell
+
+    def cells(self) -> list[CellInfo]:
+        """Every cell seen, oldest first."""
+        with self._lock:
+            return sorted(self._cells.values(), key=lambda cell: cell.started_at)
+
+    def cell(self, execution_count: int) -> CellInfo | None:
+        """One cell by its execution count."""
+        return self._cells.get(execution_count)
+
+    # --------------------------------------------------------------------------------------------- threads
+    def thread_started(
+        self,
+        thread: threading.Thread,
+        parent: threading.Thread,
+        frame: FrameType | None,
+        owner: Owner | None = None,
+        *,
+        internal: bool = False,
+    ) -> ThreadRecord:
+        """Register a thread that has just been started by ``parent``; ``frame`` is the caller of start()."""
+        now = self._clock()
+        stack = creation_stack(frame)
+        main = threading.main_thread()
+        with self._lock:
+            parent_record = self._by_ident.get(parent.ident) if parent.ident is not None else None
+            cell: CellInfo | None
+            if parent_record is not None and parent_record.cell is not None:
+                cell = parent_record.cell
+            elif parent is main:
+                cell = self._current_cell
+            else:
+                cell = None
+            record = ThreadRecord(
+                tid=f"t{next(self._ids)}",
+                thread_ref=weakref.ref(thread),
+                name=thread.name,
+                ident=thread.ident,
+                native_id=thread.native_id,
+                daemon=thread.daemon,
+                started_at=now,
+                cell=cell,
+                parent_name=parent.name,
+                parent_tid=parent_record.tid if parent_record is not None else None,
+                creation_stack=stack,
+                # Threads started by the kernel's own threads (or by nbcoord's) count as theirs, not the user's.
+                preexisting=parent_record is not None and parent_record.preexisting and parent is not main,
+                internal=internal or (parent_record is not None and parent_record.internal),
+                last_active=now,
+            )
+            if owner is not None:
+                record.owners.append(owner)
+            self._add(record)
+            return record
+
+    def adopt_existing(self, *, internal: Callable[[threading.Thread], bool] = lambda _t: False) -> None:
+        """Register threads that were running before the extension was loaded."""
+        now = self._clock()
+        for thread in threading.enumerate():
+            if thread.ident is None or thread.ident in self._by_ident:
+                continue
+            record = ThreadRecord(
+                tid=f"t{next(self._ids)}",
+                thread_ref=weakref.ref(thread),
+                name=thread.name,
+                ident=thread.ident,
+                native_id=thread.native_id,
+                daemon=thread.daemon,
+                started_at=now,
+                cell=None,
+                parent_name=None,
+                parent_tid=None,
+                creation_stack=[],
+                preexisting=True,
+                internal=internal(thread),
+                last_active=now,
+            )
+            with self._lock:
+                self._add(record)
+
+    def _add(self, record: ThreadRecord) -> None:
+        # A finished thread's ident can be reused by the OS: the newer record wins.
+        self._threads[record.tid] = record
+        if record.ident is not None:
+            self._by_ident[record.ident] = record
+
+    def add_owner(self, thread: threading.Thread, owner: Owner) -> None:
+        """Attach an owner to a registered thread (integrations call this)."""
+        record = self.for_thread(thread)
+        if record is not None:
+            with self._lock:
+                record.owners.append(owner)
+
+    def for_thread(self, thread: threading.Thread) -> ThreadRecord | None:
+        """The record of a Thread object, if registered."""
+        if thread.ident is None:
+            return None
+        record = self._by_ident.get(thread.ident)
+        if record is None or record.thread is not thread:
+            return None
+        return record
+
+    def for_ident(self, ident: int) -> ThreadRecord | None:
+        """The record of the thread with this ident, if registered."""
+        return self._by_ident.get(ident)
+
+    def get(self, tid: str) -> ThreadRecord | None:
+        """A record by the id the registry issued."""
+        return self._threads.get(tid)
+
+    def records(self, *, include_dead: bool = False, include_internal: bool = False) -> list[ThreadRecord]:
+        """Registered threads, oldest first; dead ones are pruned unless they failed recently."""
+        with self._lock:
+            self._prune()
+            records = list(self._threads.values())
+        return [
+            record
+            for record in records
+            if (include_dead or record.is_alive()) and (include_internal or not record.internal)
+        ]
+
+    def _prune(self) -> None:
+        for tid, record in list(self._threads.items()):
+            if record.thread is None or not record.thread.is_alive():
+                del self._threads[tid]
+                if record.ident is not None and self._by_ident.get(record.ident) is record:
+                    del self._by_ident[record.ident]
+
+    # --------------------------------------------------------------------------------------------- zombies
+    def zombie_reason(self, record: ThreadRecord, grace_period: float) -> ZombieReason | None:
+        """Why a live thread counts as a zombie, or None when it does not."""
+        if not record.is_alive() or record.internal:
+            return None
+        if record.stop_requested_at is not None and self._clock() - record.stop_requested_at > grace_period:
+            return "stop-ignored"
+        if any(owner.closed() for owner in record.owners):
+            return "owner-closed"
+        cell = record.cell
+        if cell is not None and cell.outcome == "interrupted":
+            return "cell-interrupted"
+        if cell is not None and cell.outcome == "error":
+            return "cell-error"
+        return None
+
+    # -------------------------------------------------------------------------------------------- stopping
+    def request_stop(self, records: Iterable[ThreadRecord]) -> None:
+        """Set the stop flag of these threads (``nbcoord.should_stop()`` turns True in them)."""
+        now = self._clock()
+        with self._lock:
+            for record in records:
+                if record.stop_requested_at is None:
+                    record.stop_requested_at = now
+                record.stop_event.set()
+
+    def stop_event_for_current(self) -> threading.Event | None:
+        """The stop flag of the calling thread, if it is registered."""
+        record = self._by_ident.get(threading.get_ident())
+        return None if record is None else record.stop_event
+
+    # -------------------------------------------------------------------------------------------- failures
+    def thread_failed(self, thread: threading.Thread | None, exc: BaseException) -> ThreadFailure:
+        """Keep an exception that escaped a thread, with its traceback, thread and cell."""
+        record = self.for_thread(thread) if thread is not None else None
+        failure = ThreadFailure(
+            tid=record.tid if record is not None else None,
+            thread_name=thread.name if thread is not None else "?",
+            cell=record.cell.execution_count if record is not None and record.cell is not None else None,
+            exc_type=type(exc).__name__,
+            message=str(exc)[:500],
+            traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+            at=self._clock(),
+        )
+        with self._lock:
+            self._failures.append(failure)
+            if record is not None:
+                record.last_exception = failure
+        return failure
+
+    def failures(self) -> list[ThreadFailure]:
+        """Recent thread failures, oldest first."""
+        with self._lock:
+            return list(self._failures)
+
+    def take_unreported_failures(self) -> list[ThreadFailure]:
+        """Failures not yet announced in a cell; marks them announced."""
+        with self._lock:
+            pending = [failure for failure in self._failures if not failure.reported]
+            for failure in pending:
+                failure.reported = True
+            return pending
+
+    # -------------------------------------------------------------------------------------------- activity
+    def sample_activity(self) -> None:
+        """Note which threads moved since the last sample (their innermost frame or line changed)."""
+        frames = sys._current_frames()
+        now = self._clock()
+        with self._lock:
+            for record in self._threads.values():
+                frame = frames.get(record.ident) if record.ident is not None else None
+                signature = (id(frame.f_code), frame.f_lineno) if frame is not None else None
+                if signature != record.activity_signature:
+                    record.activity_signature = signature
+                    record.last_active = now
+
+    def note_cpu(self, cpu_by_native_id: dict[int, float]) -> None:
+        """Record threads' CPU times (by native id); a change counts as activity."""
+        now = self._clock()
+        with self._lock:
+            for record in self._threads.values():
+                cpu_s = cpu_by_native_id.get(record.native_id) if record.native_id is not None else None
+                if cpu_s is None:
+                    continue
+                if record.cpu_s is not None and cpu_s > record.cpu_s + 1e-3:
+                    record.last_active = now
+                record.cpu_s = cpu_s

@@ -1,0 +1,239 @@
+"""One typed, JSON-serialisable picture of the kernel: the only thing that views (report, magics, panel) read.
+
+Data flows one way: the registry and the registered sources (integrations, resource probes) feed
+:func:`SnapshotBuilder.build`, and views render the result. Nothing here imports IPython or TensorFlow.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypedDict
+
+from ._registry import CellInfo, Registry, ThreadFailure, ThreadRecord
+
+log = logging.getLogger("nbcoord")
+
+SCHEMA_VERSION = 1
+
+
+class CellRow(TypedDict):
+    execution_count: int
+    cell_id: str | None
+    first_line: str
+    started_at: float
+    ended_at: float | None
+    outcome: str
+    error: str | None
+
+
+class OwnerRow(TypedDict):
+    kind: str
+    label: str
+    closed: bool
+
+
+class ThreadRow(TypedDict):
+    tid: str
+    name: str
+    ident: int | None
+    native_id: int | None
+    daemon: bool
+    alive: bool
+    started_at: float
+    cell: int | None
+    parent: str | None
+    owners: list[OwnerRow]
+    preexisting: bool
+    state: str
+    zombie: str | None
+    stop_requested_at: float | None
+    last_active: float
+    cpu_s: float | None
+    creation_stack: list[str]
+    stack: list[str] | None
+    last_exception: str | None
+
+
+class FailureRow(TypedDict):
+    tid: str | None
+    thread_name: str
+    cell: int | None
+    exc_type: str
+    message: str
+    traceback: str
+    at: float
+
+
+class Snapshot(TypedDict):
+    """The whole picture. Sections other than threads and cells are filled by registered sources."""
+
+    schema: int
+    taken_at: float
+    pid: int
+    threads: list[ThreadRow]
+    cells: list[CellRow]
+    failures: list[FailureRow]
+    zombie_count: int
+    queues: list[dict[str, Any]]
+    blocked_runs: list[dict[str, Any]]
+    sessions: list[dict[str, Any]]
+    resources: dict[str, Any] | None
+    last_stop: dict[str, Any] | None
+
+
+#: A source returns a partial snapshot: list sections are appended, other sections replaced.
+Source = Callable[[], dict[str, Any]]
+
+_LIST_SECTIONS = ("queues", "blocked_runs", "sessions")
+
+
+def cell_row(cell: CellInfo) -> CellRow:
+    """A cell as a row."""
+    return CellRow(
+        execution_count=cell.execution_count,
+        cell_id=cell.cell_id,
+        first_line=cell.first_line,
+        started_at=cell.started_at,
+        ended_at=cell.ended_at,
+        outcome=cell.outcome,
+        error=cell.error,
+    )
+
+
+def failure_row(failure: ThreadFailure) -> FailureRow:
+    """A thread failure as a row."""
+    return FailureRow(
+        tid=failure.tid,
+        thread_name=failure.thread_name,
+        cell=failure.cell,
+        exc_type=failure.exc_type,
+        message=failure.message,
+        traceback=failure.traceback,
+        at=failure.at,
+    )
+
+
+def format_stack(frame: Any, limit: int = 30) -> list[str]:
+    """A live thread's stack, innermost last, as ``file:line in function`` lines (no source lookups)."""
+    lines: list[str] = []
+    while frame is not None and len(lines) < limit:
+        code = frame.f_code
+        lines.append(f"{code.co_filename}:{frame.f_lineno} in {code.co_name}")
+        frame = frame.f_back
+    lines.reverse()
+    return lines
+
+
+def thread_state(record: ThreadRecord, frame: Any) -> str:
+    """A short state word: running, waiting (in a known blocking call), stopping, finished."""
+    if not record.is_alive():
+        return "finished"
+    if record.stop_requested_at is not None:
+        return "stopping"
+    if frame is not None and frame.f_code.co_name in (
+        "wait",
+        "_wait_for_tstate_lock",
+        "get",
+        "acquire",
+        "sleep",
+    ):
+        return "waiting"
+    return "running"
+
+
+class SnapshotBuilder:
+    """Builds snapshots from the registry and the registered sources."""
+
+    def __init__(self, registry: Registry, grace_period: Callable[[], float]) -> None:
+        self._registry = registry
+        self._grace_period = grace_period
+        self._sources: dict[str, Source] = {}
+        self._lock = threading.Lock()  # guards _sources
+        self.last_stop: dict[str, Any] | None = None
+
+    def add_source(self, name: str, source: Source) -> Callable[[], None]:
+        """Register a source of snapshot sections; returns the function that removes it."""
+        with self._lock:
+            self._sources[name] = source
+
+        def remove() -> None:
+            with self._lock:
+                if self._sources.get(name) is source:
+                    del self._sources[name]
+
+        return remove
+
+    def thread_row(self, record: ThreadRecord, frame: Any, *, stacks: bool) -> ThreadRow:
+        """One registered thread as a row."""
+        return ThreadRow(
+            tid=record.tid,
+            name=record.thread.name if record.thread is not None else record.name,
+            ident=record.ident,
+            native_id=record.native_id,
+            daemon=record.daemon,
+            alive=record.is_alive(),
+            started_at=record.started_at,
+            cell=record.cell.execution_count if record.cell is not None else None,
+            parent=record.parent_name,
+            owners=[OwnerRow(kind=o.kind, label=o.label, closed=o.closed()) for o in record.owners],
+            preexisting=record.preexisting,
+            state=thread_state(record, frame),
+            zombie=self._registry.zombie_reason(record, self._grace_period()),
+            stop_requested_at=record.stop_requested_at,
+            last_active=record.last_active,
+            cpu_s=record.cpu_s,
+            creation_stack=record.creation_stack,
+            stack=format_stack(frame) if stacks and frame is not None else None,
+            last_exception=(
+                f"{record.last_exception.exc_type}: {record.last_exception.message}"
+                if record.last_exception is not None
+                else None
+            ),
+        )
+
+    def build(self, *, stacks: bool = False, include_internal: bool = False) -> Snapshot:
+        """Take one snapshot. ``stacks`` adds every thread's current stack (slower)."""
+        frames = sys._current_frames()
+        records = self._registry.records(include_internal=include_internal)
+        threads = [
+            self.thread_row(r, frames.get(r.ident) if r.ident is not None else None, stacks=stacks) for r in records
+        ]
+        snapshot = Snapshot(
+            schema=SCHEMA_VERSION,
+            taken_at=time.time(),
+            pid=os.getpid(),
+            threads=threads,
+            cells=[cell_row(c) for c in self._registry.cells()],
+            failures=[failure_row(f) for f in self._registry.failures()],
+            zombie_count=sum(1 for row in threads if row["zombie"] is not None),
+            queues=[],
+            blocked_runs=[],
+            sessions=[],
+            resources=None,
+            last_stop=self.last_stop,
+        )
+        self._apply_sources(snapshot)
+        return snapshot
+
+    def _apply_sources(self, snapshot: Snapshot) -> None:
+        with self._lock:
+            sources = list(self._sources.items())
+        target: dict[str, Any] = snapshot  # type: ignore[assignment]
+        for name, source in sources:
+            try:
+                part = source()
+            except Exception:
+                log.warning("nbcoord: snapshot source %r failed", name, exc_info=True)
+                continue
+            for key, value in part.items():
+                if key in _LIST_SECTIONS:
+                    target[key].extend(value)
+                elif key in target:
+                    target[key] = value
+                else:
+                    log.warning("nbcoord: snapshot source %r gave an unknown section %r", name, key)

@@ -1,0 +1,301 @@
+"""The one bounded stop behind the magic, the panel's button, the Python API and the pre-shutdown hook.
+
+In order, against one deadline:
+
+1. the stop flag of every thread in scope is set (``nbcoord.should_stop()`` turns True there);
+2. every registered stopper runs (integrations, ``nbcoord.on_stop`` callbacks), and every owner in scope that
+   knows how to stop (a ``concurrent.futures`` executor: shut down with pending work cancelled) is stopped;
+   child processes in scope are sent SIGTERM;
+3. all threads are joined together against the deadline (a shared deadline, so the wait is parallel, never
+   one full timeout after another);
+4. with ``force``, threads still alive at 70% of the grace period get :class:`ThreadStopped` raised in them; a
+   thread blocked in a C call cannot receive it and is reported as unstoppable instead of being waited on;
+5. child processes still alive are killed.
+
+The stop never raises: what would not stop is in the report.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal, TypedDict
+
+import psutil
+
+from ._registry import Registry, ThreadRecord
+from ._snapshot import format_stack
+
+log = logging.getLogger("nbcoord")
+
+ScopeKind = Literal["all", "cell", "thread", "zombies"]
+#: Part of the grace period spent waiting before a forced stop is tried.
+FORCE_AT = 0.7
+#: How long an idle join poll sleeps; short so that a stop that finishes early returns early.
+JOIN_POLL_S = 0.005
+
+
+class ThreadStopped(BaseException):
+    """Raised inside a thread by a forced stop. A BaseException, so that ``except Exception`` does not eat it."""
+
+
+@dataclass
+class StopScope:
+    """What a stopper is asked to stop: these threads (and their owners), before ``deadline`` (monotonic)."""
+
+    kind: ScopeKind
+    records: list[ThreadRecord]
+    cell: int | None
+    deadline: float
+
+    def remaining(self) -> float:
+        """Seconds left before the deadline."""
+        return max(0.0, self.deadline - time.monotonic())
+
+    def includes(self, thread: threading.Thread) -> bool:
+        """Whether this thread is in scope."""
+        return any(record.thread is thread for record in self.records)
+
+
+Stopper = Callable[[StopScope], None]
+ChildFinder = Callable[[ScopeKind, "int | None"], Sequence[psutil.Process]]
+
+
+class ThreadOutcome(TypedDict):
+    tid: str
+    name: str
+    cell: int | None
+    reason: str | None
+    stack: list[str] | None
+
+
+class StopperError(TypedDict):
+    stopper: str
+    error: str
+
+
+class ChildOutcome(TypedDict):
+    terminated: list[int]
+    killed: list[int]
+    alive: list[int]
+
+
+class StopReport(TypedDict):
+    scope: str
+    cell: int | None
+    grace: float
+    force: bool
+    started_at: float
+    took_s: float
+    stopped: list[ThreadOutcome]
+    alive: list[ThreadOutcome]
+    stopper_errors: list[StopperError]
+    children: ChildOutcome
+
+
+def raise_in_thread(ident: int, exc_type: type[BaseException]) -> bool:
+    """Ask the interpreter to raise ``exc_type`` in another thread at its next Python instruction."""
+    done = ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(exc_type))
+    if done > 1:  # more than one thread state touched: undo, as CPython's docs require
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), None)
+        return False
+    return bool(done == 1)
+
+
+class StopMechanism:
+    """Runs stops. One at a time: a second request waits for the first (which is bounded) and then runs."""
+
+    def __init__(self, registry: Registry, find_children: ChildFinder | None = None) -> None:
+        self._registry = registry
+        self._find_children = find_children
+        self._stoppers: dict[str, Stopper] = {}
+        self._stoppers_lock = threading.Lock()  # guards _stoppers
+        self._running = threading.Lock()  # held while a stop runs
+        self.on_report: Callable[[StopReport], None] | None = None
+
+    def add_stopper(self, name: str, stopper: Stopper) -> Callable[[], None]:
+        """Register a stopper; returns the function that removes it."""
+        with self._stoppers_lock:
+            self._stoppers[name] = stopper
+
+        def remove() -> None:
+            with self._stoppers_lock:
+                if self._stoppers.get(name) is stopper:
+                    del self._stoppers[name]
+
+        return remove
+
+    # ------------------------------------------------------------------------------------------- scope
+    def select(self, kind: ScopeKind, *, cell: int | None, tid: str | None, grace: float) -> list[ThreadRecord]:
+        """The live, user-visible threads a stop of this scope concerns (never the caller or the main thread)."""
+        me = threading.current_thread()
+        main = threading.main_thread()
+        candidates = [r for r in self._registry.records() if r.thread is not me and r.thread is not main]
+        if kind == "thread":
+            return [r for r in candidates if r.tid == tid]
+        # Threads that were there before nbcoord (the kernel's own among them) are stopped only by id.
+        candidates = [r for r in candidates if not r.preexisting]
+        if kind == "cell":
+            return [r for r in candidates if r.cell is not None and r.cell.execution_count == cell]
+        if kind == "zombies":
+            return [r for r in candidates if self._registry.zombie_reason(r, grace) is not None]
+        return candidates
+
+    # -------------------------------------------------------------------------------------------- stop
+    def stop(
+        self,
+        kind: ScopeKind = "all",
+        *,
+        grace: float = 1.0,
+        force: bool = False,
+        cell: int | None = None,
+        tid: str | None = None,
+    ) -> StopReport:
+        """Stop the threads (and child processes) in scope within ``grace`` seconds; never raises."""
+        started = time.monotonic()
+        deadline = started + grace
+        if not self._running.acquire(timeout=grace + 1.0):
+            log.warning("nbcoord: another stop is still running; this one proceeds without waiting")
+        try:
+            records = self.select(kind, cell=cell, tid=tid, grace=grace)
+            scope = StopScope(kind, records, cell, deadline)
+            report = self._run(scope, grace=grace, force=force, started=started)
+        finally:
+            if self._running.locked():
+                self._running.release()
+        if self.on_report is not None:
+            try:
+                self.on_report(report)
+            except Exception:
+                log.warning("nbcoord: stop report listener failed", exc_info=True)
+        return report
+
+    def _run(self, scope: StopScope, *, grace: float, force: bool, started: float) -> StopReport:
+        wall_start = time.time()
+        self._registry.request_stop(scope.records)
+        errors = self._run_stoppers(scope)
+        errors += self._stop_owners(scope)
+        children = list(self._find_children(scope.kind, scope.cell)) if self._find_children else []
+        terminated = _signal_children(children, kill=False)
+        force_at = started + grace * FORCE_AT if force else None
+        forced = _join_all(scope.records, scope.deadline, force_at)
+        child_outcome = _finish_children(children, terminated, scope.deadline)
+        stopped, alive = _outcomes(scope.records, forced)
+        report = StopReport(
+            scope=scope.kind,
+            cell=scope.cell,
+            grace=grace,
+            force=force,
+            started_at=wall_start,
+            took_s=time.monotonic() - started,
+            stopped=stopped,
+            alive=alive,
+            stopper_errors=errors,
+            children=child_outcome,
+        )
+        if alive:
+            log.info("nbcoord: %d thread(s) still alive after stop: %s", len(alive), [a["name"] for a in alive])
+        return report
+
+    def _run_stoppers(self, scope: StopScope) -> list[StopperError]:
+        with self._stoppers_lock:
+            stoppers = list(self._stoppers.items())
+        errors: list[StopperError] = []
+        for name, stopper in stoppers:
+            try:
+                stopper(scope)
+            except Exception as exc:  # one failing stopper must not keep the others from running
+                log.warning("nbcoord: stopper %r failed", name, exc_info=True)
+                errors.append(StopperError(stopper=name, error=f"{type(exc).__name__}: {exc}"))
+        return errors
+
+    def _stop_owners(self, scope: StopScope) -> list[StopperError]:
+        errors: list[StopperError] = []
+        seen: set[int] = set()
+        for record in scope.records:
+            for owner in record.owners:
+                target = owner.ref() if owner.ref is not None else None
+                if target is None or owner.stop is None or id(target) in seen:
+                    continue
+                seen.add(id(target))
+                try:
+                    owner.stop(target)
+                except Exception as exc:
+                    log.warning("nbcoord: stopping %s failed", owner.label, exc_info=True)
+                    errors.append(StopperError(stopper=owner.label, error=f"{type(exc).__name__}: {exc}"))
+        return errors
+
+
+def _join_all(records: list[ThreadRecord], deadline: float, force_at: float | None) -> set[str]:
+    """Wait for all threads together until the deadline; returns the tids that were forced."""
+    forced: set[str] = set()
+    pending = [r for r in records if r.is_alive()]
+    while pending:
+        now = time.monotonic()
+        if force_at is not None and now >= force_at and not forced:
+            forced = _force(pending)
+        if now >= deadline:
+            break
+        # Join the first pending thread briefly; the others are checked on the next turn. The shared deadline
+        # bounds the whole wait, whatever the number of threads.
+        thread = pending[0].thread
+        if thread is not None:
+            thread.join(timeout=min(JOIN_POLL_S * 4, max(0.0, deadline - now)))
+        pending = [r for r in pending if r.is_alive()]
+    return forced
+
+
+def _force(records: list[ThreadRecord]) -> set[str]:
+    forced: set[str] = set()
+    for record in records:
+        if record.ident is not None and record.is_alive() and raise_in_thread(record.ident, ThreadStopped):
+            forced.add(record.tid)
+    return forced
+
+
+def _outcomes(records: list[ThreadRecord], forced: set[str]) -> tuple[list[ThreadOutcome], list[ThreadOutcome]]:
+    frames = sys._current_frames()
+    stopped: list[ThreadOutcome] = []
+    alive: list[ThreadOutcome] = []
+    for record in records:
+        cell = record.cell.execution_count if record.cell is not None else None
+        if not record.is_alive():
+            reason = "forced" if record.tid in forced else None
+            stopped.append(ThreadOutcome(tid=record.tid, name=record.name, cell=cell, reason=reason, stack=None))
+            continue
+        frame = frames.get(record.ident) if record.ident is not None else None
+        stack = format_stack(frame) if frame is not None else None
+        where = f" at {stack[-1]}" if stack else ""
+        if record.tid in forced:
+            reason = f"unstoppable: blocked in a C call{where}; an exception was raised in it but cannot arrive"
+        else:
+            reason = f"ignored the stop request{where}"
+        alive.append(ThreadOutcome(tid=record.tid, name=record.name, cell=cell, reason=reason, stack=stack))
+    return stopped, alive
+
+
+def _signal_children(children: list[psutil.Process], *, kill: bool) -> list[int]:
+    done: list[int] = []
+    for child in children:
+        try:
+            child.kill() if kill else child.terminate()
+            done.append(child.pid)
+        except psutil.NoSuchProcess:
+            continue
+        except psutil.Error:
+            log.warning("nbcoord: could not signal child %d", child.pid, exc_info=True)
+    return done
+
+
+def _finish_children(children: list[psutil.Process], terminated: list[int], deadline: float) -> ChildOutcome:
+    if not children:
+        return ChildOutcome(terminated=[], killed=[], alive=[])
+    _gone, alive = psutil.wait_procs(children, timeout=max(0.05, deadline - time.monotonic()))
+    killed = _signal_children(alive, kill=True)
+    _gone, still = psutil.wait_procs(alive, timeout=0.2) if alive else ([], [])
+    return ChildOutcome(terminated=terminated, killed=killed, alive=[p.pid for p in still])

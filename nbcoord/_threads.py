@@ -1,0 +1,177 @@
+"""Thread-level hooks: a patched ``Thread.start``, a chained ``threading.excepthook``, and the monitor thread.
+
+Installed by the extension's load and removed exactly by its unload. ``Thread.start`` is patched as a class
+attribute, so ``threading.Thread`` stays the same class and subclasses that call ``super().start()`` are seen.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import weakref
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from types import FrameType
+from typing import Any
+
+from ._registry import Owner, Registry
+
+log = logging.getLogger("nbcoord")
+
+#: Prefix of every thread nbcoord itself starts; they are internal and never shown or stopped as user threads.
+INTERNAL_PREFIX = "nbcoord-"
+
+_EXECUTOR_SPAWN_CODE = ThreadPoolExecutor._adjust_thread_count.__code__
+
+
+def executor_owner(executor: ThreadPoolExecutor) -> Owner:
+    """The owner entry of a ThreadPoolExecutor: closed once shut down; stopping cancels its pending work."""
+    prefix = getattr(executor, "_thread_name_prefix", "") or "ThreadPoolExecutor"
+
+    def is_shut_down(target: object) -> bool:
+        return bool(getattr(target, "_shutdown", False))
+
+    def shut_down(target: object) -> None:
+        if isinstance(target, ThreadPoolExecutor):
+            target.shutdown(wait=False, cancel_futures=True)
+
+    return Owner(
+        kind="executor",
+        label=f"ThreadPoolExecutor {prefix!r}",
+        ref=weakref.ref(executor),
+        is_closed=is_shut_down,
+        stop=shut_down,
+    )
+
+
+def owner_from_caller(frame: FrameType | None) -> Owner | None:
+    """Recognise who is starting a thread from the caller's frame (cheap: one code-object comparison)."""
+    if frame is not None and frame.f_code is _EXECUTOR_SPAWN_CODE:
+        executor = frame.f_locals.get("self")
+        if isinstance(executor, ThreadPoolExecutor):
+            return executor_owner(executor)
+    return None
+
+
+class ThreadHooks:
+    """Owns the ``Thread.start`` patch and the ``threading.excepthook`` chain for one registry."""
+
+    def __init__(self, registry: Registry, ignore_exception: Callable[[BaseException], bool]) -> None:
+        self._registry = registry
+        self._ignore_exception = ignore_exception
+        self._original_start: Callable[[threading.Thread], None] | None = None
+        self._previous_excepthook: Callable[[Any], object] | None = None
+        self._patched_start: Callable[[threading.Thread], None] | None = None
+        self._patched_excepthook: Callable[[Any], object] | None = None
+        self._active = False
+
+    def install(self) -> None:
+        """Patch ``Thread.start`` and chain ``threading.excepthook``."""
+        if self._active:
+            return
+        registry = self._registry
+        original_start = threading.Thread.start
+        hooks = self
+
+        def start(thread: threading.Thread) -> None:
+            original_start(thread)
+            if not hooks._active:
+                return
+            try:
+                caller = sys._getframe(1)
+                registry.thread_started(
+                    thread,
+                    threading.current_thread(),
+                    caller,
+                    owner_from_caller(caller),
+                    internal=thread.name.startswith(INTERNAL_PREFIX),
+                )
+            except Exception:  # registration must never break the user's thread start
+                log.warning("nbcoord: could not register thread %r", thread.name, exc_info=True)
+
+        start.__wrapped__ = original_start  # type: ignore[attr-defined]
+        start.__doc__ = original_start.__doc__
+        previous_hook = threading.excepthook
+
+        def excepthook(args: Any) -> object:
+            if hooks._active:
+                try:
+                    if hooks._ignore_exception(args.exc_value):
+                        return None
+                    registry.thread_failed(args.thread, args.exc_value)
+                except Exception:
+                    log.warning("nbcoord: could not record a thread failure", exc_info=True)
+            return previous_hook(args)
+
+        self._original_start, self._patched_start = original_start, start
+        self._previous_excepthook, self._patched_excepthook = previous_hook, excepthook
+        threading.Thread.start = start  # type: ignore[method-assign,assignment]
+        threading.excepthook = excepthook
+        self._active = True
+
+    def uninstall(self) -> None:
+        """Undo :meth:`install`. If someone patched on top of us, leave theirs and make ours pass through."""
+        if not self._active:
+            return
+        self._active = False
+        if threading.Thread.start is self._patched_start:
+            threading.Thread.start = self._original_start  # type: ignore[assignment,method-assign]
+        else:
+            log.warning("nbcoord: Thread.start was patched again after nbcoord; leaving it, nbcoord's part is off")
+        if threading.excepthook is self._patched_excepthook and self._previous_excepthook is not None:
+            threading.excepthook = self._previous_excepthook
+        else:
+            log.warning("nbcoord: threading.excepthook was replaced after nbcoord; nbcoord's part is off")
+
+
+class Monitor:
+    """nbcoord's one background thread: samples activity (and, through tasks, resources) periodically."""
+
+    def __init__(self, interval: Callable[[], float]) -> None:
+        self._interval = interval
+        self._tasks: dict[str, Callable[[], None]] = {}
+        self._lock = threading.Lock()  # guards _tasks
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def add_task(self, name: str, task: Callable[[], None]) -> Callable[[], None]:
+        """Run ``task`` on every tick; returns the function that removes it."""
+        with self._lock:
+            self._tasks[name] = task
+
+        def remove() -> None:
+            with self._lock:
+                if self._tasks.get(name) is task:
+                    del self._tasks[name]
+
+        return remove
+
+    def start(self) -> None:
+        """Start the monitor thread (a daemon: it must never hold the kernel open)."""
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name=f"{INTERNAL_PREFIX}monitor", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 1.0) -> None:
+        """Stop and join the monitor thread."""
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def tick(self) -> None:
+        """Run every task once (the monitor thread calls this; tests may too)."""
+        with self._lock:
+            tasks = list(self._tasks.items())
+        for name, task in tasks:
+            try:
+                task()
+            except Exception:
+                log.warning("nbcoord: monitor task %r failed", name, exc_info=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval()):
+            self.tick()

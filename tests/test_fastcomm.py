@@ -1,0 +1,593 @@
+"""The fast route for panel commands (nbcoord._fastcomm).
+
+Two tiers: fake kernels (fast, no subprocess) for validation and undo, and real kernels
+through jupyter_client on ipykernel 7 (``.venv``) and ipykernel 6 (``.venv-ik6``) for the
+promise itself: a stop message is handled while the main thread sleeps, waits in C or
+loops in Python. Every busy cell ends as soon as the handler runs, so a pass is fast and
+a failure is a cell that runs to its (long) natural end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+import threading
+import time
+import types
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+from jupyter_client.blocking.client import BlockingKernelClient
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import KernelManager
+from jupyter_client.session import Session
+
+from nbcoord import _fastcomm
+
+REPO = Path(__file__).resolve().parents[1]
+# The ipykernel 6 environment; CI creates it (see the README's development section).
+IK6_PYTHON = Path(os.environ.get("NBCOORD_IK6_PYTHON", REPO / ".venv-ik6" / "bin" / "python"))
+
+
+def wait_until(predicate: Callable[[], object], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s")
+        time.sleep(0.005)
+
+
+def stop_content(comm_id: str, click_id: str = "c1", **data: Any) -> dict[str, Any]:
+    inner = {"type": "stop", "click_id": click_id}
+    return {"comm_id": comm_id, "data": {"method": "custom", "content": inner, **data}}
+
+
+def worker_alive() -> bool:
+    return any(t.name == _fastcomm.WORKER_THREAD_NAME for t in threading.enumerate())
+
+
+# -- fake kernels ----------------------------------------------------------------------
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, Any], str]] = []
+
+    def __call__(self, comm_id: str, content: dict[str, Any]) -> None:
+        self.calls.append((comm_id, content, threading.current_thread().name))
+
+
+class ChannelThread(threading.Thread):
+    """A live thread with an io_loop attribute, like ipykernel's channel threads."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.io_loop = object()
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        self.done.wait()
+
+
+@pytest.fixture
+def channel_thread() -> Iterator[ChannelThread]:
+    thread = ChannelThread()
+    thread.start()
+    yield thread
+    thread.done.set()
+    thread.join()
+
+
+@pytest.fixture
+def recorder() -> Recorder:
+    return Recorder()
+
+
+class FakeShellKernel:
+    """The attributes of an ipykernel 7 kernel that the shell-channel route uses."""
+
+    def __init__(self, thread: ChannelThread) -> None:
+        self.received: list[list[Any]] = []
+        self.shell_channel_thread = thread
+        self.session = Session(key=b"secret")
+        self.shell_stream = types.SimpleNamespace(io_loop=thread.io_loop, _recv_callback=self.received.append)
+
+    def frames(self, content: dict[str, Any], msg_type: str = "comm_msg") -> list[zmq.Frame]:
+        """A message as the stream delivers it with copy=False."""
+        wire = self.session.serialize(self.session.msg(msg_type, content), ident=[b"client"])
+        return [zmq.Frame(part) for part in wire]
+
+    def deliver(self, frames: list[Any]) -> None:
+        self.shell_stream._recv_callback(frames)
+
+
+def test_no_kernel_gives_route_none(recorder: Recorder) -> None:
+    route = _fastcomm.install(None, recorder)
+    assert route.kind == "none"
+    assert route.reason is not None
+    assert "shell-channel" in route.reason
+    assert "control" in route.reason
+    assert str(route).startswith("fast route unavailable: ")
+    assert not worker_alive()
+    route.add_comm("x")
+    route.uninstall()
+
+
+def test_control_route_validates_and_hands_over(channel_thread: ChannelThread, recorder: Recorder) -> None:
+    kernel = types.SimpleNamespace(control_handlers={}, control_thread=channel_thread)
+    route = _fastcomm.install(kernel, recorder, types={"stop", "stop_thread"})
+    assert (route.kind, route.reason) == ("control", None)
+    route.add_comm("mine")
+    handle = kernel.control_handlers["comm_msg"]
+    malformed: list[Any] = [
+        None,
+        {"content": "not a dict"},
+        {"content": stop_content("foreign")},
+        {"content": {"data": {"method": "custom", "content": {"type": "stop"}}}},
+        {"content": {"comm_id": 7, "data": {"method": "custom", "content": {"type": "stop"}}}},
+        {"content": stop_content("mine", method="update")},
+        {"content": {"comm_id": "mine", "data": "x"}},
+        {"content": {"comm_id": "mine", "data": {"method": "custom", "content": ["stop"]}}},
+        {"content": {"comm_id": "mine", "data": {"method": "custom", "content": {"type": "rm"}}}},
+        {"content": {"comm_id": "mine", "data": {"method": "custom", "content": {"type": {}}}}},
+    ]
+    for msg in malformed:
+        assert handle(None, [], msg) is None  # never raises into the control thread
+    handle(None, [], {"content": stop_content("mine", "ok")})
+    thread_msg = {"content": stop_content("mine", "t")}
+    thread_msg["content"]["data"]["content"]["type"] = "stop_thread"
+    handle(None, [], thread_msg)
+    wait_until(lambda: len(recorder.calls) == 2)
+    assert [(c[0], c[1]["click_id"], c[2]) for c in recorder.calls] == [
+        ("mine", "ok", _fastcomm.WORKER_THREAD_NAME),
+        ("mine", "t", _fastcomm.WORKER_THREAD_NAME),
+    ]
+    route.remove_comm("mine")
+    handle(None, [], {"content": stop_content("mine", "late")})
+    route.uninstall()
+    assert kernel.control_handlers == {}
+    assert not worker_alive()
+    assert len(recorder.calls) == 2
+
+
+def test_control_route_chains_and_restores_previous_handler(
+    channel_thread: ChannelThread, recorder: Recorder
+) -> None:
+    seen: list[Any] = []
+
+    def previous(stream: Any, idents: Any, msg: Any) -> str:
+        seen.append(msg)
+        return "previous result"
+
+    kernel = types.SimpleNamespace(control_handlers={"comm_msg": previous}, control_thread=channel_thread)
+    route = _fastcomm.install(kernel, recorder)
+    route.add_comm("mine")
+    msg = {"content": stop_content("mine")}
+    assert kernel.control_handlers["comm_msg"](None, [], msg) == "previous result"
+    assert seen == [msg]
+    wait_until(lambda: recorder.calls)
+    route.uninstall()
+    route.uninstall()  # idempotent
+    assert kernel.control_handlers == {"comm_msg": previous}
+
+
+def test_control_route_needs_a_control_thread(recorder: Recorder) -> None:
+    kernel = types.SimpleNamespace(control_handlers={}, control_thread=None)
+    route = _fastcomm.install(kernel, recorder)
+    assert route.kind == "none"
+    assert route.reason is not None
+    assert "main thread" in route.reason
+    assert kernel.control_handlers == {}
+
+
+def test_shell_route_copies_only_ours_and_passes_everything_on(
+    channel_thread: ChannelThread, recorder: Recorder
+) -> None:
+    kernel = FakeShellKernel(channel_thread)
+    original = kernel.shell_stream._recv_callback
+    route = _fastcomm.install(kernel, recorder)
+    assert (route.kind, route.reason) == ("shell-channel", None)
+    route.add_comm("mine")
+    forged = Session(key=b"wrong key")
+    sent: list[list[Any]] = [
+        kernel.frames({"code": "1"}, "execute_request"),
+        kernel.frames(stop_content("foreign")),
+        kernel.frames(stop_content("mine", method="update")),
+        [zmq.Frame(part) for part in forged.serialize(forged.msg("comm_msg", stop_content("mine", "x")))],
+        [zmq.Frame(b"no delimiter")],
+        [b"<IDS|MSG>", b"", b"{", b"{}", b"{}", b'{"comm_id": "mine"'],
+        kernel.frames(stop_content("mine", "ok")),
+    ]
+    for frames in sent:
+        kernel.deliver(frames)
+    assert kernel.received == sent  # every message passed on, as it came
+    wait_until(lambda: recorder.calls)
+    assert [(c[0], c[1], c[2]) for c in recorder.calls] == [
+        ("mine", {"type": "stop", "click_id": "ok"}, _fastcomm.WORKER_THREAD_NAME)
+    ]
+    # The kernel can still deserialize (and record) what we peeked at.
+    _, parts = kernel.session.feed_identities(sent[-1], copy=False)
+    assert kernel.session.deserialize(parts, content=True, copy=False)["content"] == stop_content(
+        "mine", "ok"
+    )
+    route.uninstall()
+    assert kernel.shell_stream._recv_callback is original
+    assert not worker_alive()
+
+
+def test_shell_route_rewrapped_later_stays_inert(channel_thread: ChannelThread, recorder: Recorder) -> None:
+    kernel = FakeShellKernel(channel_thread)
+    route = _fastcomm.install(kernel, recorder)
+    route.add_comm("mine")
+    ours = kernel.shell_stream._recv_callback
+    later: list[Any] = []
+
+    def wrapper(frames: list[Any]) -> None:
+        later.append(frames)
+        ours(frames)
+
+    kernel.shell_stream._recv_callback = wrapper
+    route.uninstall()
+    assert kernel.shell_stream._recv_callback is wrapper
+    frames = kernel.frames(stop_content("mine"))
+    kernel.deliver(frames)
+    assert kernel.received == [frames]
+    assert later == [frames]
+    assert recorder.calls == []
+
+
+def test_shell_route_falls_back_to_control(channel_thread: ChannelThread, recorder: Recorder) -> None:
+    # A stream read on another loop than the channel thread's: the shell route would be
+    # no faster than the main thread, so the control route is used.
+    kernel = FakeShellKernel(channel_thread)
+    kernel.shell_stream.io_loop = object()
+    kernel.control_handlers = {}  # type: ignore[attr-defined]
+    kernel.control_thread = channel_thread  # type: ignore[attr-defined]
+    route = _fastcomm.install(kernel, recorder)
+    assert route.kind == "control"
+    route.uninstall()
+    assert kernel.control_handlers == {}  # type: ignore[attr-defined]
+
+
+def test_failing_handler_is_logged_and_the_worker_goes_on(
+    channel_thread: ChannelThread, caplog: pytest.LogCaptureFixture
+) -> None:
+    done = threading.Event()
+
+    def handler(comm_id: str, content: dict[str, Any]) -> None:
+        if content["click_id"] == "boom":
+            raise RuntimeError("boom")
+        done.set()
+
+    kernel = types.SimpleNamespace(control_handlers={}, control_thread=channel_thread)
+    route = _fastcomm.install(kernel, handler)
+    route.add_comm("mine")
+    kernel.control_handlers["comm_msg"](None, [], {"content": stop_content("mine", "boom")})
+    kernel.control_handlers["comm_msg"](None, [], {"content": stop_content("mine", "ok")})
+    assert done.wait(10)
+    route.uninstall()
+    assert any(r.exc_info and "handler failed" in r.getMessage() for r in caplog.records)
+
+
+# -- real kernels ----------------------------------------------------------------------
+
+
+@dataclass
+class Kernel:
+    """A running kernel, its client, and the fast route kind it offers."""
+
+    name: str
+    manager: KernelManager
+    client: BlockingKernelClient
+    kind: str = ""
+
+    def run(self, code: str, timeout: float = 60) -> str:
+        """Run a cell; return its stdout; fail on an error."""
+        out: list[str] = []
+
+        def hook(msg: dict[str, Any]) -> None:
+            if msg["msg_type"] == "stream":
+                out.append(msg["content"]["text"])
+            elif msg["msg_type"] == "error":
+                out.append("\n".join(msg["content"]["traceback"]))
+
+        reply = self.client.execute_interactive(textwrap.dedent(code), timeout=timeout, output_hook=hook)
+        assert reply["content"]["status"] == "ok", "".join(out)
+        return "".join(out)
+
+    def value(self, expr: str) -> Any:
+        return json.loads(self.run(f"print(json.dumps({expr}))"))
+
+    def start_cell(self, code: str) -> str:
+        """Start a cell and return when it printed 'busy' (it is then inside its wait)."""
+        msg_id: str = self.client.execute(textwrap.dedent(code))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            msg = self.client.get_iopub_msg(timeout=max(0.01, deadline - time.monotonic()))
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if msg["msg_type"] == "stream" and "busy" in msg["content"]["text"]:
+                return msg_id
+            if msg["msg_type"] == "error":
+                raise AssertionError("\n".join(msg["content"]["traceback"]))
+        raise AssertionError("the cell never got busy")
+
+    def finish_cell(self, msg_id: str, timeout: float = 60) -> None:
+        """Wait for the cell's execute_reply (its output is read later, from state)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            reply = self.client.get_shell_msg(timeout=max(0.01, deadline - time.monotonic()))
+            if reply["parent_header"].get("msg_id") == msg_id:
+                assert reply["content"]["status"] == "ok", reply["content"]
+                return
+        raise AssertionError("the busy cell did not end")
+
+    def send_comm_msg(self, content: dict[str, Any]) -> None:
+        """Send as the panel does: also on the control channel when that is the route."""
+        session = self.client.session
+        if self.kind == "control":
+            self.client.control_channel.send(session.msg("comm_msg", content))
+        self.client.shell_channel.send(session.msg("comm_msg", content))
+
+    def send_raw(self, parts: list[bytes]) -> None:
+        channel = self.client.control_channel if self.kind == "control" else self.client.shell_channel
+        assert channel.socket is not None
+        channel.socket.send_multipart(parts)
+
+
+KERNEL_SETUP = """
+import json, signal, threading, time, comm
+from nbcoord import _fastcomm
+
+class FastCommProbe:
+    def __init__(self):
+        self.event = threading.Event()
+        self.records = []
+        self.ordinary = []
+        self.wake = None
+        self.route = _fastcomm.install(get_ipython().kernel, self.handle)
+        self.comm = comm.create_comm(target_name="nbcoord-test")
+        self.comm.on_msg(lambda msg: self.ordinary.append(msg["content"]["data"]))
+        self.route.add_comm(self.comm.comm_id)
+
+    def handle(self, comm_id, content):
+        self.records.append({"comm_id": comm_id, "click_id": content.get("click_id"),
+                             "thread": threading.current_thread().name})
+        if self.wake is not None:
+            self.wake()
+        self.event.set()
+
+    def close(self):
+        self.route.uninstall()
+        self.comm.close()
+"""
+
+
+def _kernel_pythons() -> list[Any]:
+    ik6 = pytest.mark.skipif(
+        not IK6_PYTHON.exists(),
+        reason=f"no ipykernel 6 environment at {IK6_PYTHON} (python -m venv .venv-ik6 && "
+        ".venv-ik6/bin/pip install 'ipykernel<7' -e .)",
+    )
+    return [
+        pytest.param((sys.executable, "ipykernel7"), id="ipykernel7"),
+        pytest.param((str(IK6_PYTHON), "ipykernel6"), id="ipykernel6", marks=ik6),
+    ]
+
+
+@pytest.fixture(scope="module", params=_kernel_pythons())
+def kernel(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kernel]:
+    python, name = request.param
+    spec_dir = tmp_path_factory.mktemp("kernels") / "nbcoord-test"
+    spec_dir.mkdir()
+    argv = [python, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    spec = {"argv": argv, "display_name": "nbcoord test", "language": "python"}
+    (spec_dir / "kernel.json").write_text(json.dumps(spec))
+    specs = KernelSpecManager(kernel_dirs=[str(spec_dir.parent)])
+    manager = KernelManager(kernel_name="nbcoord-test", kernel_spec_manager=specs)
+    pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    manager.start_kernel(env={**os.environ, "PYTHONPATH": pythonpath})
+    client = manager.client()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=60)
+        running = Kernel(name, manager, client)
+        running.run(KERNEL_SETUP)
+        yield running
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+
+
+@pytest.fixture
+def probe(kernel: Kernel) -> Iterator[str]:
+    """A fresh route and comm in the kernel; returns the comm id."""
+    kernel.run("probe = FastCommProbe()")
+    kernel.kind = kernel.value("probe.route.kind")
+    expected = "control" if kernel.name == "ipykernel6" else "shell-channel"
+    assert kernel.kind == expected, kernel.value("probe.route.reason")
+    yield kernel.value("probe.comm.comm_id")
+    kernel.run("probe.close()")
+
+
+# Each busy cell prints 'busy', waits for up to 30 s, and records whether the wait ended
+# because the handler ran (woken), which is only possible if it ran during the wait.
+BUSY_CELLS = {
+    "sleep": """
+        class Woken(Exception): pass
+        def _raise(signum, frame): raise Woken
+        previous = signal.signal(signal.SIGUSR1, _raise)
+        main_id = threading.main_thread().ident
+        probe.wake = lambda: signal.pthread_kill(main_id, signal.SIGUSR1)
+        woken = False
+        try:
+            print("busy", flush=True)
+            time.sleep(30)
+        except Woken:
+            woken = True
+        finally:
+            signal.signal(signal.SIGUSR1, previous)
+            probe.wake = None
+    """,
+    "c-wait": """
+        print("busy", flush=True)
+        woken = probe.event.wait(30)
+    """,
+    "python-loop": """
+        print("busy", flush=True)
+        deadline, n = time.monotonic() + 30, 0
+        while not probe.event.is_set() and time.monotonic() < deadline:
+            n += 1
+        woken = probe.event.is_set()
+    """,
+}
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("mode", list(BUSY_CELLS))
+def test_stop_is_handled_while_the_main_thread_is_busy(kernel: Kernel, probe: str, mode: str) -> None:
+    msg_id = kernel.start_cell(BUSY_CELLS[mode])
+    kernel.send_comm_msg(stop_content(probe, "click-1"))
+    kernel.finish_cell(msg_id)
+    assert kernel.value("woken") is True
+    assert kernel.value("probe.records") == [
+        {"comm_id": probe, "click_id": "click-1", "thread": _fastcomm.WORKER_THREAD_NAME}
+    ]
+    # The ordinary message still reached the widget's own handler, once the cell ended.
+    assert kernel.value("[d['content']['click_id'] for d in probe.ordinary]") == ["click-1"]
+
+
+@pytest.mark.kernel
+@pytest.mark.tensorflow
+def test_stop_unblocks_sess_run_on_an_empty_queue(kernel: Kernel, probe: str) -> None:
+    if not kernel.value("__import__('importlib.util').util.find_spec('tensorflow') is not None"):
+        pytest.skip(f"no tensorflow in the {kernel.name} environment")
+    kernel.run(
+        """
+        import tensorflow as tf
+        tf.compat.v1.disable_eager_execution()
+        graph = tf.Graph()
+        with graph.as_default():
+            queue = tf.compat.v1.FIFOQueue(4, tf.float32)
+            dequeue, close = queue.dequeue(), queue.close(cancel_pending_enqueues=True)
+        sess = tf.compat.v1.Session(graph=graph)
+        probe.wake = lambda: sess.run(close)
+        """,
+        timeout=120,
+    )
+    msg_id = kernel.start_cell(
+        """
+        print("busy", flush=True)
+        try:
+            sess.run(dequeue, options=tf.compat.v1.RunOptions(timeout_in_ms=30000))
+            woken = "dequeued"
+        except tf.errors.OutOfRangeError:
+            woken = True
+        finally:
+            probe.wake = None
+            sess.close()
+        """
+    )
+    kernel.send_comm_msg(stop_content(probe, "tf"))
+    kernel.finish_cell(msg_id)
+    assert kernel.value("woken") is True
+    assert kernel.value("[r['click_id'] for r in probe.records]") == ["tf"]
+
+
+@pytest.mark.kernel
+def test_malformed_and_foreign_messages_are_not_handled(kernel: Kernel, probe: str) -> None:
+    kernel.run(
+        """
+        foreign_got = []
+        other = comm.create_comm(target_name="other")
+        other.on_msg(lambda msg: foreign_got.append(msg["content"]["data"]))
+        """
+    )
+    foreign = kernel.value("other.comm_id")
+    msg_id = kernel.start_cell(BUSY_CELLS["c-wait"])
+    bad_inner = [["stop"], {"type": "unknown"}, {"type": {"a": 1}}, {"type": None}]
+    for content in [
+        stop_content(foreign, "foreign"),
+        stop_content(probe, "update", method="update"),
+        {"comm_id": probe, "data": "stop"},
+        {"data": {"method": "custom", "content": {"type": "stop"}}},
+        {"comm_id": 12, "data": {"method": "custom", "content": {"type": "stop"}}},
+        *({"comm_id": probe, "data": {"method": "custom", "content": inner}} for inner in bad_inner),
+    ]:
+        kernel.send_comm_msg(content)
+    # Signed with another key, then not a message at all.
+    forged = Session(key=b"not the kernel's key")
+    kernel.send_raw(forged.serialize(forged.msg("comm_msg", stop_content(probe, "forged"))))
+    kernel.send_raw([b"<IDS|MSG>", b"", b"{not json", b"", b"", b""])
+    kernel.send_comm_msg(stop_content(probe, "valid"))
+    kernel.finish_cell(msg_id)
+    # Messages are handled in order, so the valid click ending the wait means every
+    # earlier message was looked at and refused.
+    assert kernel.value("woken") is True
+    assert kernel.value("[r['click_id'] for r in probe.records]") == ["valid"]
+    assert kernel.value("[d['content']['click_id'] for d in foreign_got]") == ["foreign"]
+    kernel.run("other.close()")
+    assert kernel.value("1 + 1") == 2  # the kernel still answers
+
+
+CALLBACK_STATE = """
+    k = get_ipython().kernel
+    state = lambda: (k.shell_stream._recv_callback, "comm_msg" in k.control_handlers,
+                     k.control_handlers.get("comm_msg"))
+"""
+
+
+@pytest.mark.kernel
+def test_uninstall_restores_the_kernel(kernel: Kernel) -> None:
+    kernel.run(CALLBACK_STATE)
+    kernel.run("before = state()")
+    kernel.run("probe = FastCommProbe()")
+    kernel.kind = kernel.value("probe.route.kind")
+    comm_id = kernel.value("probe.comm.comm_id")
+    assert kernel.value("state() != before") is True
+    assert kernel.value(f"any(t.name == {_fastcomm.WORKER_THREAD_NAME!r} for t in threading.enumerate())")
+    kernel.run("probe.route.uninstall()")
+    assert kernel.value("all(a is b for a, b in zip(state(), before))") is True
+    assert (
+        kernel.value(f"[t.name for t in threading.enumerate() if t.name == {_fastcomm.WORKER_THREAD_NAME!r}]")
+        == []
+    )
+    # Clicks now take the ordinary path only.
+    kernel.send_comm_msg(stop_content(comm_id, "after"))
+    assert kernel.value("[d['content']['click_id'] for d in probe.ordinary]") == ["after"]
+    assert kernel.value("probe.records") == []
+    kernel.run("probe.comm.close()")
+
+
+@pytest.mark.kernel
+def test_shell_route_chains_to_a_callback_installed_before_it(kernel: Kernel) -> None:
+    if kernel.name != "ipykernel7":
+        pytest.skip("the shell-channel route exists on ipykernel 7 only")
+    kernel.run(CALLBACK_STATE)
+    kernel.run(
+        """
+        seen = []
+        kernel_callback = k.shell_stream._recv_callback
+        def counting(frames):
+            seen.append(len(frames))
+            return kernel_callback(frames)
+        k.shell_stream._recv_callback = counting
+        probe = FastCommProbe()
+        """
+    )
+    kernel.kind = "shell-channel"
+    comm_id = kernel.value("probe.comm.comm_id")
+    msg_id = kernel.start_cell(BUSY_CELLS["c-wait"])
+    kernel.send_comm_msg(stop_content(comm_id, "chained"))
+    kernel.finish_cell(msg_id)
+    assert kernel.value("woken") is True
+    assert kernel.value("len(seen) >= 2") is True  # the busy cell and the click, at least
+    kernel.run("probe.close()")
+    assert kernel.value("k.shell_stream._recv_callback is counting") is True
+    kernel.run("k.shell_stream._recv_callback = kernel_callback")
