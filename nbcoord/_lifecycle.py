@@ -22,6 +22,7 @@ from ._shutdown import ShutdownHooks, abandon_thread
 from ._snapshot import Snapshot, SnapshotBuilder
 from ._stop import ScopeKind, StopMechanism, StopReport, StopScope, ThreadStopped
 from ._threads import INTERNAL_PREFIX, Monitor, ThreadHooks
+from .integrations.tensorflow import watch as watch_tensorflow
 
 log = logging.getLogger("nbcoord")
 
@@ -56,6 +57,7 @@ class Extension:
         self.stopper.on_report = self._remember_stop
         self.shutdown = ShutdownHooks(self._shutdown_stop)
         self._user_stoppers: list[tuple[Callable[[], None], int | None]] = []
+        self._own_stoppers: list[Callable[[], None]] = []
         self._undo: list[Callable[[], None]] = []
         self._first_count = _ipython_major() >= 9
         self.loaded_at = time.time()
@@ -78,7 +80,18 @@ class Extension:
         self._undo.append(self.monitor.stop)
         self.shutdown.install(self.shell)
         self._undo.append(self.shutdown.uninstall)
+        self._undo.append(watch_tensorflow(self))
         self.installed = True
+
+    def add_own_stopper(self, stop: Callable[[], None]) -> Callable[[], None]:
+        """Register how to stop one of nbcoord's own threads (the panel's sender); the shutdown runs it first."""
+        self._own_stoppers.append(stop)
+
+        def remove() -> None:
+            if stop in self._own_stoppers:
+                self._own_stoppers.remove(stop)
+
+        return remove
 
     def add_undo(self, undo: Callable[[], None]) -> None:
         """Remember something to undo at uninstall (integrations and the panel add theirs)."""
@@ -237,7 +250,11 @@ class Extension:
         """Stop nbcoord's own threads, then everything, within the budget; abandon what will not stop."""
         started = time.monotonic()
         budget = self.config.shutdown_budget
-        self.monitor.stop(timeout=0.2)
+        for stop_own in [*self._own_stoppers, lambda: self.monitor.stop(timeout=0.2)]:
+            try:
+                stop_own()
+            except Exception:
+                log.warning("nbcoord: stopping an nbcoord thread failed", exc_info=True)
         report = self.stopper.stop("all", grace=budget, force=self.config.force_on_shutdown)
         abandoned = [row["name"] for row in report["alive"]]
         for row in report["alive"]:
