@@ -36,7 +36,15 @@ class NBCoord(Configurable):
     ).tag(config=True)
     force_on_shutdown = Bool(
         True,
-        help="At shutdown, raise an exception in threads that ignore the stop flag once half the budget is spent.",
+        help="At shutdown, raise an exception in threads that ignore the stop flag after shutdown_force_after.",
+    ).tag(config=True)
+    shutdown_force_after = Float(
+        0.1,
+        min=0.0,
+        help=(
+            "At shutdown, seconds to wait for threads to stop by themselves before raising ThreadStopped in them. "
+            "The exception arrives between Python statements, so `with` blocks still close their files."
+        ),
     ).tag(config=True)
     monitor_interval = Float(
         1.0,
@@ -61,6 +69,7 @@ RUNTIME_SETTINGS: dict[str, type] = {
     "shutdown_budget": float,
     "stop_on_interrupt": bool,
     "force_on_shutdown": bool,
+    "shutdown_force_after": float,
     "monitor_interval": float,
     "panel_interval": float,
     "max_report_threads": int,

@@ -16,6 +16,7 @@ from typing import Any
 import psutil
 
 from ._config import NBCoord
+from ._probes import CellWindow, ResourceProbe, Resources, cell_for_time
 from ._registry import CellOutcome, Registry
 from ._report import ZOMBIE_WORDS
 from ._shutdown import ShutdownHooks, abandon_thread
@@ -56,6 +57,7 @@ class Extension:
         self.stopper = StopMechanism(self.registry, self._children_in_scope)
         self.stopper.on_report = self._remember_stop
         self.shutdown = ShutdownHooks(self._shutdown_stop)
+        self.probe = ResourceProbe()
         self._user_stoppers: list[tuple[Callable[[], None], int | None]] = []
         self._own_stoppers: list[Callable[[], None]] = []
         self._undo: list[Callable[[], None]] = []
@@ -76,6 +78,9 @@ class Extension:
         self._undo.append(lambda: events.unregister("post_run_cell", self._post_run_cell))
         self._undo.append(self.stopper.add_stopper("user", self._run_user_stoppers))
         self._undo.append(self.monitor.add_task("activity", self.registry.sample_activity))
+        self._undo.append(self.monitor.add_task("resources", self._sample_resources))
+        self._undo.append(self.snapshots.add_source("resources", self._resources_section))
+        self._undo.append(self.probe.close)
         self.monitor.start()
         self._undo.append(self.monitor.stop)
         self.shutdown.install(self.shell)
@@ -211,28 +216,35 @@ class Extension:
     def _remember_stop(self, report: StopReport) -> None:
         self.snapshots.last_stop = dict(report)
 
+    def _cell_windows(self) -> list[CellWindow]:
+        return [CellWindow(c.execution_count, c.started_at, c.ended_at) for c in self.registry.cells()]
+
+    def _sample_resources(self) -> Resources:
+        """One resource sample (cheap between the probe's rate-limited full reads); feeds per-thread CPU."""
+        python_threads = {
+            r.native_id: r.name for r in self.registry.records(include_internal=True) if r.native_id is not None
+        }
+        resources = self.probe.sample(self._cell_windows(), python_threads)
+        self.registry.note_cpu({t["native_id"]: t["cpu_s"] for t in resources["native_threads"]})
+        return resources
+
+    def _resources_section(self) -> dict[str, Any]:
+        return {"resources": self._sample_resources()}
+
     def _children_in_scope(self, kind: ScopeKind, cell: int | None) -> Sequence[psutil.Process]:
-        """Child processes started since load, by the cell in scope (by creation time against its run)."""
+        """Child processes started since load by the cells in scope (by creation time against their runs)."""
         if kind == "thread":
             return []
-        try:
-            children = psutil.Process().children(recursive=True)
-        except psutil.Error:
-            log.warning("nbcoord: could not list child processes", exc_info=True)
-            return []
-        windows = [(c.execution_count, c.started_at, c.ended_at) for c in self.registry.cells()]
+        windows = self._cell_windows()
         chosen: list[psutil.Process] = []
-        for child in children:
+        for child in self.probe.children():
             try:
                 created = child.create_time()
             except psutil.Error:
                 continue
-            if created + 0.01 < self.loaded_at:
+            if created + 0.05 < self.loaded_at:
                 continue  # not ours to stop: it existed before nbcoord was loaded
-            owner = next(
-                (n for n, start, end in windows if start - 0.01 <= created <= (end or time.time()) + 0.01),
-                None,
-            )
+            owner = cell_for_time(created, windows, resolution=0.05)
             if (
                 kind == "all"
                 or (kind == "cell" and owner == cell)
@@ -246,16 +258,22 @@ class Extension:
         return cell is not None and cell.outcome in ("error", "interrupted")
 
     # ---------------------------------------------------------------------------------------- shutdown
+    def _stop_monitor(self) -> None:
+        self.monitor.stop(timeout=0.2)
+
     def _shutdown_stop(self, route: str) -> None:
         """Stop nbcoord's own threads, then everything, within the budget; abandon what will not stop."""
         started = time.monotonic()
         budget = self.config.shutdown_budget
-        for stop_own in [*self._own_stoppers, lambda: self.monitor.stop(timeout=0.2)]:
+        own: list[Callable[[], None]] = [*self._own_stoppers, self._stop_monitor]
+        for stop_own in own:
             try:
                 stop_own()
             except Exception:
                 log.warning("nbcoord: stopping an nbcoord thread failed", exc_info=True)
-        report = self.stopper.stop("all", grace=budget, force=self.config.force_on_shutdown)
+        report = self.stopper.stop(
+            "all", grace=budget, force=self.config.force_on_shutdown, force_after=self.config.shutdown_force_after
+        )
         abandoned = [row["name"] for row in report["alive"]]
         for row in report["alive"]:
             record = self.registry.get(row["tid"])

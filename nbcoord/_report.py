@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from itertools import groupby
 from typing import Any
 
+from ._probes import format_bytes
 from ._snapshot import Snapshot, ThreadRow
 from ._stop import StopReport
 
@@ -17,17 +18,6 @@ ZOMBIE_WORDS = {
     "stop-ignored": "a stop was requested and the grace period passed",
     "owner-closed": "its owner is closed or shut down",
 }
-
-
-def format_bytes(n: float | None) -> str:
-    """Bytes in a short human unit."""
-    if n is None:
-        return "n/a"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 def _owners(row: ThreadRow) -> str:

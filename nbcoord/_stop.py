@@ -155,8 +155,12 @@ class StopMechanism:
         force: bool = False,
         cell: int | None = None,
         tid: str | None = None,
+        force_after: float | None = None,
     ) -> StopReport:
-        """Stop the threads (and child processes) in scope within ``grace`` seconds; never raises."""
+        """Stop the threads (and child processes) in scope within ``grace`` seconds; never raises.
+
+        ``force_after`` is when, in seconds from the start, a forced stop is tried (default: 70% of ``grace``).
+        """
         started = time.monotonic()
         deadline = started + grace
         if not self._running.acquire(timeout=grace + 1.0):
@@ -164,7 +168,8 @@ class StopMechanism:
         try:
             records = self.select(kind, cell=cell, tid=tid, grace=grace)
             scope = StopScope(kind, records, cell, deadline)
-            report = self._run(scope, grace=grace, force=force, started=started)
+            force_at = started + (grace * FORCE_AT if force_after is None else min(force_after, grace))
+            report = self._run(scope, grace=grace, force_at=force_at if force else None, started=started)
         finally:
             if self._running.locked():
                 self._running.release()
@@ -175,14 +180,13 @@ class StopMechanism:
                 log.warning("nbcoord: stop report listener failed", exc_info=True)
         return report
 
-    def _run(self, scope: StopScope, *, grace: float, force: bool, started: float) -> StopReport:
+    def _run(self, scope: StopScope, *, grace: float, force_at: float | None, started: float) -> StopReport:
         wall_start = time.time()
         self._registry.request_stop(scope.records)
         errors = self._run_stoppers(scope)
         errors += self._stop_owners(scope)
         children = list(self._find_children(scope.kind, scope.cell)) if self._find_children else []
         terminated = _signal_children(children, kill=False)
-        force_at = started + grace * FORCE_AT if force else None
         forced = _join_all(scope.records, scope.deadline, force_at)
         child_outcome = _finish_children(children, terminated, scope.deadline)
         stopped, alive = _outcomes(scope.records, forced)
@@ -190,7 +194,7 @@ class StopMechanism:
             scope=scope.kind,
             cell=scope.cell,
             grace=grace,
-            force=force,
+            force=force_at is not None,
             started_at=wall_start,
             took_s=time.monotonic() - started,
             stopped=stopped,

@@ -130,12 +130,12 @@ class Monitor:
 
     def __init__(self, interval: Callable[[], float]) -> None:
         self._interval = interval
-        self._tasks: dict[str, Callable[[], None]] = {}
+        self._tasks: dict[str, Callable[[], object]] = {}
         self._lock = threading.Lock()  # guards _tasks
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def add_task(self, name: str, task: Callable[[], None]) -> Callable[[], None]:
+    def add_task(self, name: str, task: Callable[[], object]) -> Callable[[], None]:
         """Run ``task`` on every tick; returns the function that removes it."""
         with self._lock:
             self._tasks[name] = task

@@ -1,0 +1,164 @@
+"""Shared test helpers: waiting on conditions with deadlines, and real kernels driven through jupyter_client."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from jupyter_client.manager import KernelManager
+
+T = TypeVar("T")
+
+
+def wait_until(condition: Callable[[], T], timeout: float = 10.0, interval: float = 0.01, what: str = "") -> T:
+    """Poll ``condition`` until it returns something truthy; fail with ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what or condition}")
+        time.sleep(interval)
+
+
+@dataclass
+class CellResult:
+    """What one execute request produced."""
+
+    reply: dict[str, Any]
+    stdout: str = ""
+    stderr: str = ""
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    data: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        return str(self.reply["content"]["status"])
+
+    @property
+    def text(self) -> str:
+        return self.stdout + self.stderr
+
+
+class Kernel:
+    """A real IPython kernel in its own process, with nbcoord importable, and helpers to drive it."""
+
+    def __init__(self, python: str | None = None, env: dict[str, str] | None = None) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix="nbcoord-kernel-")
+        kernel_env = dict(os.environ)
+        kernel_env.update({"IPYTHONDIR": self._tmp.name, "PYTHONUNBUFFERED": "1"})
+        kernel_env.update(env or {})
+        self.km = KernelManager(kernel_name="python3")
+        self.km.kernel_cmd = [python or sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+        self.km.start_kernel(env=kernel_env, cwd=self._tmp.name)
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=60)
+        self._iopub: dict[str, CellResult] = {}
+
+    @property
+    def pid(self) -> int:
+        provisioner = self.km.provisioner
+        assert provisioner is not None
+        return int(provisioner.process.pid)  # type: ignore[attr-defined]
+
+    @property
+    def process(self) -> Any:
+        return self.km.provisioner.process  # type: ignore[union-attr]
+
+    def submit(self, code: str, **kwargs: Any) -> str:
+        """Send an execute request without waiting; returns its msg_id."""
+        msg_id: str = self.kc.execute(code, **kwargs)
+        self._iopub[msg_id] = CellResult(reply={})
+        return msg_id
+
+    def collect(self, msg_id: str, timeout: float = 60.0) -> CellResult:
+        """Wait for the reply and the idle status of a submitted request; returns everything it printed."""
+        result = self._iopub.setdefault(msg_id, CellResult(reply={}))
+        deadline = time.monotonic() + timeout
+        reply = None
+        idle = False
+        while reply is None or not idle:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"no reply for {msg_id} within {timeout} s; so far: {result.text!r}")
+            if reply is None:
+                try:
+                    msg = self.kc.get_shell_msg(timeout=min(0.05, remaining))
+                    if msg["parent_header"].get("msg_id") == msg_id:
+                        reply = msg
+                except queue.Empty:
+                    pass
+            idle = idle or self._drain_iopub(msg_id, 0.05)
+        result.reply = reply
+        return result
+
+    def _drain_iopub(self, msg_id: str, timeout: float) -> bool:
+        idle = False
+        try:
+            while True:
+                msg = self.kc.get_iopub_msg(timeout=timeout)
+                timeout = 0.0
+                parent = msg["parent_header"].get("msg_id")
+                target = self._iopub.setdefault(parent, CellResult(reply={}))
+                kind = msg["msg_type"]
+                content = msg["content"]
+                if kind == "stream":
+                    if content["name"] == "stdout":
+                        target.stdout += content["text"]
+                    else:
+                        target.stderr += content["text"]
+                elif kind == "error":
+                    target.errors.append(content)
+                elif kind in ("execute_result", "display_data"):
+                    target.data.append(content)
+                elif kind == "status" and content["execution_state"] == "idle" and parent == msg_id:
+                    idle = True
+        except queue.Empty:
+            pass
+        return idle
+
+    def run(self, code: str, timeout: float = 60.0, allow_error: bool = False) -> CellResult:
+        """Execute a cell and wait for it; fails on an error unless ``allow_error``."""
+        result = self.collect(self.submit(code), timeout)
+        if not allow_error and result.status != "ok":
+            raise AssertionError(f"cell failed: {result.errors or result.reply['content']}\n{result.text}")
+        return result
+
+    def evaluate(self, expression: str, timeout: float = 30.0) -> Any:
+        """The value of a JSON-serialisable expression in the kernel."""
+        result = self.run(f"import json as _j; print('@@' + _j.dumps({expression}))", timeout)
+        line = next(line for line in result.stdout.splitlines() if line.startswith("@@"))
+        return json.loads(line[2:])
+
+    def interrupt(self) -> None:
+        self.km.interrupt_kernel()
+
+    def request_shutdown(self, restart: bool = False) -> None:
+        """Send a shutdown request on the control channel, as a front end does, without waiting."""
+        self.kc.shutdown(restart=restart)
+
+    def wait_exit(self, timeout: float) -> int | None:
+        """Wait for the kernel process to end; returns its exit status (negative: killed by that signal)."""
+        try:
+            return int(self.process.wait(timeout=timeout))
+        except Exception:
+            return None
+
+    def close(self) -> None:
+        """Stop channels and make sure the process is gone."""
+        try:
+            self.kc.stop_channels()
+        finally:
+            if self.km.has_kernel:
+                self.km.shutdown_kernel(now=True)
+            self.km.cleanup_resources()
+            self._tmp.cleanup()
