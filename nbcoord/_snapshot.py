@@ -129,19 +129,17 @@ def format_stack(frame: Any, limit: int = 30) -> list[str]:
     return lines
 
 
+#: Innermost function names that mean a thread is waiting rather than working.
+_WAITING = frozenset({"wait", "_wait_for_tstate_lock", "get", "acquire", "sleep", "select", "poll", "recv"})
+
+
 def thread_state(record: ThreadRecord, frame: Any) -> str:
-    """A short state word: running, waiting (in a known blocking call), stopping, finished."""
-    if not record.is_alive():
+    """A short state word: running, waiting (in a known blocking call), stopping, finished (no frame)."""
+    if frame is None:
         return "finished"
     if record.stop_requested_at is not None:
         return "stopping"
-    if frame is not None and frame.f_code.co_name in (
-        "wait",
-        "_wait_for_tstate_lock",
-        "get",
-        "acquire",
-        "sleep",
-    ):
+    if frame.f_code.co_name in _WAITING:
         return "waiting"
     return "running"
 
@@ -168,22 +166,24 @@ class SnapshotBuilder:
 
         return remove
 
-    def thread_row(self, record: ThreadRecord, frame: Any, *, stacks: bool) -> ThreadRow:
-        """One registered thread as a row."""
+    def thread_row(self, record: ThreadRecord, frame: Any, *, stacks: bool, grace: float) -> ThreadRow:
+        """One registered thread as a row; ``frame`` is its current frame (None: not running)."""
+        thread = record.thread
+        alive = frame is not None and thread is not None
         return ThreadRow(
             tid=record.tid,
-            name=record.thread.name if record.thread is not None else record.name,
+            name=thread.name if thread is not None else record.name,
             ident=record.ident,
             native_id=record.native_id,
             daemon=record.daemon,
-            alive=record.is_alive(),
+            alive=alive,
             started_at=record.started_at,
             cell=record.cell.execution_count if record.cell is not None else None,
             parent=record.parent_name,
             owners=[OwnerRow(kind=o.kind, label=o.label, closed=o.closed()) for o in record.owners],
             preexisting=record.preexisting,
             state=thread_state(record, frame),
-            zombie=self._registry.zombie_reason(record, self._grace_period()),
+            zombie=self._registry.zombie_reason(record, grace, alive=alive),
             stop_requested_at=record.stop_requested_at,
             last_active=record.last_active,
             cpu_s=record.cpu_s,
@@ -199,9 +199,11 @@ class SnapshotBuilder:
     def build(self, *, stacks: bool = False, include_internal: bool = False) -> Snapshot:
         """Take one snapshot. ``stacks`` adds every thread's current stack (slower)."""
         frames = sys._current_frames()
-        records = self._registry.records(include_internal=include_internal)
+        records = self._registry.records(include_internal=include_internal, live_idents=frames)
+        grace = self._grace_period()
         threads = [
-            self.thread_row(r, frames.get(r.ident) if r.ident is not None else None, stacks=stacks) for r in records
+            self.thread_row(r, frames.get(r.ident) if r.ident is not None else None, stacks=stacks, grace=grace)
+            for r in records
         ]
         snapshot = Snapshot(
             schema=SCHEMA_VERSION,
