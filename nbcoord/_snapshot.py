@@ -9,11 +9,11 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypedDict
 
+from ._callbacks import Callbacks
 from ._registry import CellInfo, Registry, ThreadFailure, ThreadRecord
 
 log = logging.getLogger("nbcoord")
@@ -150,21 +150,12 @@ class SnapshotBuilder:
     def __init__(self, registry: Registry, grace_period: Callable[[], float]) -> None:
         self._registry = registry
         self._grace_period = grace_period
-        self._sources: dict[str, Source] = {}
-        self._lock = threading.Lock()  # guards _sources
+        self._sources: Callbacks[Source] = Callbacks()
         self.last_stop: dict[str, Any] | None = None
 
     def add_source(self, name: str, source: Source) -> Callable[[], None]:
         """Register a source of snapshot sections; returns the function that removes it."""
-        with self._lock:
-            self._sources[name] = source
-
-        def remove() -> None:
-            with self._lock:
-                if self._sources.get(name) is source:
-                    del self._sources[name]
-
-        return remove
+        return self._sources.add(name, source)
 
     def thread_row(self, record: ThreadRecord, frame: Any, *, stacks: bool, grace: float) -> ThreadRow:
         """One registered thread as a row; ``frame`` is its current frame (None: not running)."""
@@ -223,8 +214,7 @@ class SnapshotBuilder:
         return snapshot
 
     def _apply_sources(self, snapshot: Snapshot) -> None:
-        with self._lock:
-            sources = list(self._sources.items())
+        sources = self._sources.items()
         target: dict[str, Any] = snapshot  # type: ignore[assignment]
         for name, source in sources:
             try:

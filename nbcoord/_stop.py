@@ -28,6 +28,7 @@ from typing import Literal, TypedDict
 
 import psutil
 
+from ._callbacks import Callbacks
 from ._registry import Registry, ThreadRecord
 from ._snapshot import format_stack
 
@@ -113,22 +114,13 @@ class StopMechanism:
     def __init__(self, registry: Registry, find_children: ChildFinder | None = None) -> None:
         self._registry = registry
         self._find_children = find_children
-        self._stoppers: dict[str, Stopper] = {}
-        self._stoppers_lock = threading.Lock()  # guards _stoppers
+        self._stoppers: Callbacks[Stopper] = Callbacks()
         self._running = threading.Lock()  # held while a stop runs
         self.on_report: Callable[[StopReport], None] | None = None
 
     def add_stopper(self, name: str, stopper: Stopper) -> Callable[[], None]:
         """Register a stopper; returns the function that removes it."""
-        with self._stoppers_lock:
-            self._stoppers[name] = stopper
-
-        def remove() -> None:
-            with self._stoppers_lock:
-                if self._stoppers.get(name) is stopper:
-                    del self._stoppers[name]
-
-        return remove
+        return self._stoppers.add(name, stopper)
 
     # ------------------------------------------------------------------------------------------- scope
     def select(self, kind: ScopeKind, *, cell: int | None, tid: str | None, grace: float) -> list[ThreadRecord]:
@@ -207,8 +199,7 @@ class StopMechanism:
         return report
 
     def _run_stoppers(self, scope: StopScope) -> list[StopperError]:
-        with self._stoppers_lock:
-            stoppers = list(self._stoppers.items())
+        stoppers = self._stoppers.items()
         errors: list[StopperError] = []
         for name, stopper in stoppers:
             try:

@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from types import FrameType
 from typing import Any
 
+from ._callbacks import Callbacks
 from ._registry import Owner, Registry
 
 log = logging.getLogger("nbcoord")
@@ -130,22 +131,13 @@ class Monitor:
 
     def __init__(self, interval: Callable[[], float]) -> None:
         self._interval = interval
-        self._tasks: dict[str, Callable[[], object]] = {}
-        self._lock = threading.Lock()  # guards _tasks
+        self._tasks: Callbacks[Callable[[], object]] = Callbacks()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def add_task(self, name: str, task: Callable[[], object]) -> Callable[[], None]:
         """Run ``task`` on every tick; returns the function that removes it."""
-        with self._lock:
-            self._tasks[name] = task
-
-        def remove() -> None:
-            with self._lock:
-                if self._tasks.get(name) is task:
-                    del self._tasks[name]
-
-        return remove
+        return self._tasks.add(name, task)
 
     def start(self) -> None:
         """Start the monitor thread (a daemon: it must never hold the kernel open)."""
@@ -164,9 +156,7 @@ class Monitor:
 
     def tick(self) -> None:
         """Run every task once (the monitor thread calls this; tests may too)."""
-        with self._lock:
-            tasks = list(self._tasks.items())
-        for name, task in tasks:
+        for name, task in self._tasks.items():
             try:
                 task()
             except Exception:
