@@ -297,8 +297,7 @@ class Extension:
 
     def should_stop(self) -> bool:
         """Whether a stop was requested for the calling thread."""
-        event = self.registry.stop_event_for_current()
-        return event is not None and event.is_set()
+        return self.registry.stop_requested_for_current()
 
     def wait_for_stop(self, timeout: float | None) -> bool:
         """Block until a stop is requested for the calling thread, or the timeout passes."""

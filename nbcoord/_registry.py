@@ -101,11 +101,13 @@ class ThreadRecord:
     cell: CellInfo | None
     parent_name: str | None
     parent_tid: str | None
-    creation_stack: list[str]
+    #: Raw (file, line, function) tuples, innermost first; formatted only when a view asks (start() stays cheap).
+    creation_stack: list[tuple[str, int, str]]
     preexisting: bool = False
     internal: bool = False
     owners: list[Owner] = field(default_factory=list)
-    stop_event: threading.Event = field(default_factory=threading.Event)
+    #: Created on first use by wait_for_stop, so that Thread.start does not pay for an Event per thread.
+    stop_event: threading.Event | None = None
     stop_requested_at: float | None = None
     last_exception: ThreadFailure | None = None
     last_active: float = 0.0
@@ -123,14 +125,14 @@ class ThreadRecord:
         return thread is not None and thread.is_alive()
 
 
-def creation_stack(frame: FrameType | None, depth: int = CREATION_STACK_DEPTH) -> list[str]:
-    """A short, cheap stack: ``file:line in function`` for the innermost frames, without reading sources."""
-    lines: list[str] = []
-    while frame is not None and len(lines) < depth:
+def creation_stack(frame: FrameType | None, depth: int = CREATION_STACK_DEPTH) -> list[tuple[str, int, str]]:
+    """A short, cheap stack of the innermost frames as (file, line, function), without reading sources."""
+    stack: list[tuple[str, int, str]] = []
+    while frame is not None and len(stack) < depth:
         code = frame.f_code
-        lines.append(f"{code.co_filename}:{frame.f_lineno} in {code.co_name}")
+        stack.append((code.co_filename, frame.f_lineno, code.co_name))
         frame = frame.f_back
-    return lines
+    return stack
 
 
 class Registry:
@@ -146,6 +148,18 @@ class Registry:
         self._current_cell: CellInfo | None = None
         self._failures: deque[ThreadFailure] = deque(maxlen=MAX_FAILURES)
         self._ids = itertools.count(1)
+        #: Threads started but not yet registered (see note_started); appended without the lock.
+        self._pending: deque[
+            tuple[
+                threading.Thread,
+                threading.Thread,
+                list[tuple[str, int, str]],
+                Owner | None,
+                bool,
+                CellInfo | None,
+                float,
+            ]
+        ] = deque()
         self.created_at = clock()
 
     # ----------------------------------------------------------------------------------------------- cells
@@ -188,6 +202,32 @@ class Registry:
         return self._cells.get(execution_count)
 
     # --------------------------------------------------------------------------------------------- threads
+    def note_started(
+        self,
+        thread: threading.Thread,
+        parent: threading.Thread,
+        frame: FrameType | None,
+        owner: Owner | None = None,
+        *,
+        internal: bool = False,
+    ) -> None:
+        """The hot path of ``Thread.start``: queue what only the starting moment knows; register it later.
+
+        The record is made on the next read of the registry (any lookup drains the queue in order, so a parent
+        is always registered before the threads it started). ``deque.append`` needs no lock.
+        """
+        self._pending.append(
+            (thread, parent, creation_stack(frame), owner, internal, self._current_cell, self._clock())
+        )
+
+    def _drain(self) -> None:
+        if not self._pending:
+            return
+        with self._lock:
+            while self._pending:
+                thread, parent, stack, owner, internal, cell, at = self._pending.popleft()
+                self._register(thread, parent, stack, owner, internal=internal, main_cell=cell, now=at)
+
     def thread_started(
         self,
         thread: threading.Thread,
@@ -198,8 +238,24 @@ class Registry:
         internal: bool = False,
     ) -> ThreadRecord:
         """Register a thread that has just been started by ``parent``; ``frame`` is the caller of start()."""
-        now = self._clock()
         stack = creation_stack(frame)
+        with self._lock:
+            self._drain()
+            return self._register(
+                thread, parent, stack, owner, internal=internal, main_cell=self._current_cell, now=self._clock()
+            )
+
+    def _register(
+        self,
+        thread: threading.Thread,
+        parent: threading.Thread,
+        stack: list[tuple[str, int, str]],
+        owner: Owner | None,
+        *,
+        internal: bool,
+        main_cell: CellInfo | None,
+        now: float,
+    ) -> ThreadRecord:
         main = threading.main_thread()
         with self._lock:
             parent_record = self._by_ident.get(parent.ident) if parent.ident is not None else None
@@ -207,7 +263,7 @@ class Registry:
             if parent_record is not None and parent_record.cell is not None:
                 cell = parent_record.cell
             elif parent is main:
-                cell = self._current_cell
+                cell = main_cell
             else:
                 cell = None
             record = ThreadRecord(
@@ -265,6 +321,7 @@ class Registry:
 
     def add_owner(self, thread: threading.Thread, owner: Owner) -> None:
         """Attach an owner to a registered thread (integrations call this)."""
+        self._drain()
         record = self.for_thread(thread)
         if record is not None:
             with self._lock:
@@ -272,6 +329,7 @@ class Registry:
 
     def for_thread(self, thread: threading.Thread) -> ThreadRecord | None:
         """The record of a Thread object, if registered."""
+        self._drain()
         if thread.ident is None:
             return None
         record = self._by_ident.get(thread.ident)
@@ -281,10 +339,12 @@ class Registry:
 
     def for_ident(self, ident: int) -> ThreadRecord | None:
         """The record of the thread with this ident, if registered."""
+        self._drain()
         return self._by_ident.get(ident)
 
     def get(self, tid: str) -> ThreadRecord | None:
         """A record by the id the registry issued."""
+        self._drain()
         return self._threads.get(tid)
 
     def records(
@@ -307,6 +367,7 @@ class Registry:
                 return record.ident in live_idents and record.thread_ref() is not None
 
         with self._lock:
+            self._drain()
             self._prune(alive)
             records = list(self._threads.values())
         return [record for record in records if include_internal or not record.internal]
@@ -344,12 +405,27 @@ class Registry:
             for record in records:
                 if record.stop_requested_at is None:
                     record.stop_requested_at = now
-                record.stop_event.set()
+                if record.stop_event is not None:
+                    record.stop_event.set()
+
+    def stop_requested_for_current(self) -> bool:
+        """Whether a stop was requested for the calling thread (False when it is not registered)."""
+        self._drain()
+        record = self._by_ident.get(threading.get_ident())
+        return record is not None and record.stop_requested_at is not None
 
     def stop_event_for_current(self) -> threading.Event | None:
-        """The stop flag of the calling thread, if it is registered."""
+        """The stop flag of the calling thread as an Event (made on first use), if the thread is registered."""
+        self._drain()
         record = self._by_ident.get(threading.get_ident())
-        return None if record is None else record.stop_event
+        if record is None:
+            return None
+        with self._lock:
+            if record.stop_event is None:
+                record.stop_event = threading.Event()
+                if record.stop_requested_at is not None:
+                    record.stop_event.set()
+            return record.stop_event
 
     # -------------------------------------------------------------------------------------------- failures
     def thread_failed(self, thread: threading.Thread | None, exc: BaseException) -> ThreadFailure:
@@ -385,10 +461,15 @@ class Registry:
 
     # -------------------------------------------------------------------------------------------- activity
     def sample_activity(self) -> None:
-        """Note which threads moved since the last sample (their innermost frame or line changed)."""
+        """Note which threads moved since the last sample (their innermost frame or line changed).
+
+        Also forgets finished threads, so the registry stays small when no view asks for snapshots.
+        """
         frames = sys._current_frames()
         now = self._clock()
         with self._lock:
+            self._drain()
+            self._prune(lambda record: record.ident in frames and record.thread_ref() is not None)
             for record in self._threads.values():
                 frame = frames.get(record.ident) if record.ident is not None else None
                 signature = (id(frame.f_code), frame.f_lineno) if frame is not None else None

@@ -178,7 +178,7 @@ class SnapshotBuilder:
             stop_requested_at=record.stop_requested_at,
             last_active=record.last_active,
             cpu_s=record.cpu_s,
-            creation_stack=record.creation_stack,
+            creation_stack=[f"{file}:{line} in {function}" for file, line, function in record.creation_stack],
             stack=format_stack(frame) if stacks and frame is not None else None,
             last_exception=(
                 f"{record.last_exception.exc_type}: {record.last_exception.message}"

@@ -81,7 +81,7 @@ class ThreadHooks:
                 return
             try:
                 caller = sys._getframe(1)
-                registry.thread_started(
+                registry.note_started(
                     thread,
                     threading.current_thread(),
                     caller,
