@@ -39,7 +39,7 @@ class NBCoord(Configurable):
         help="At shutdown, raise an exception in threads that ignore the stop flag after shutdown_force_after.",
     ).tag(config=True)
     shutdown_force_after = Float(
-        0.1,
+        0.05,
         min=0.0,
         help=(
             "At shutdown, seconds to wait for threads to stop by themselves before raising ThreadStopped in them. "

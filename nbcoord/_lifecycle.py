@@ -16,7 +16,7 @@ from typing import Any
 import psutil
 
 from ._config import NBCoord
-from ._probes import CellWindow, ResourceProbe, Resources, cell_for_time
+from ._probes import CellWindow, ResourceProbe, Resources
 from ._registry import CellOutcome, Registry
 from ._report import ZOMBIE_WORDS
 from ._shutdown import ShutdownHooks, abandon_thread
@@ -144,12 +144,11 @@ class Extension:
 
     def _announce_zombies(self, execution_count: int) -> None:
         grace = self.config.grace_period
+        cell = self.registry.cell(execution_count)
         zombies = [
             (record, reason)
-            for record in self.registry.records()
-            if record.cell is not None
-            and record.cell.execution_count == execution_count
-            and (reason := self.registry.zombie_reason(record, grace)) is not None
+            for record in (self.registry.records_of_cell(cell) if cell is not None else [])
+            if (reason := self.registry.zombie_reason(record, grace)) is not None
         ]
         if not zombies:
             return
@@ -221,8 +220,11 @@ class Extension:
 
     def _sample_resources(self) -> Resources:
         """One resource sample (cheap between the probe's rate-limited full reads); feeds per-thread CPU."""
+        live = sys._current_frames()
         python_threads = {
-            r.native_id: r.name for r in self.registry.records(include_internal=True) if r.native_id is not None
+            r.native_id: r.name
+            for r in self.registry.records(include_internal=True, live_idents=live)
+            if r.native_id is not None
         }
         resources = self.probe.sample(self._cell_windows(), python_threads)
         self.registry.note_cpu({t["native_id"]: t["cpu_s"] for t in resources["native_threads"]})
@@ -232,19 +234,13 @@ class Extension:
         return {"resources": self._sample_resources()}
 
     def _children_in_scope(self, kind: ScopeKind, cell: int | None) -> Sequence[psutil.Process]:
-        """Child processes started since load by the cells in scope (by creation time against their runs)."""
+        """Child processes started since load by the cells in scope (exact start times against their runs)."""
         if kind == "thread":
             return []
-        windows = self._cell_windows()
         chosen: list[psutil.Process] = []
-        for child in self.probe.children():
-            try:
-                created = child.create_time()
-            except psutil.Error:
-                continue
-            if created + 0.05 < self.loaded_at:
+        for child, owner, started_at in self.probe.children_in_cells(self._cell_windows()):
+            if started_at + 0.02 < self.loaded_at:
                 continue  # not ours to stop: it existed before nbcoord was loaded
-            owner = cell_for_time(created, windows, resolution=0.05)
             if (
                 kind == "all"
                 or (kind == "cell" and owner == cell)

@@ -7,6 +7,7 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from traitlets import TraitError
 
 from . import _report
 from ._config import RUNTIME_SETTINGS
@@ -135,7 +136,10 @@ class NBCoordMagics(Magics):
             name, sep, value = item.partition("=")
             if not sep:
                 raise UsageError(f"Settings are name=value, not {item!r}.")
-            setattr(config, name.strip(), parse_setting(name.strip(), value.strip()))
+            try:
+                setattr(config, name.strip(), parse_setting(name.strip(), value.strip()))
+            except TraitError as exc:
+                raise UsageError(f"{name.strip()} cannot be {value.strip()!r}: {exc}") from None
         for name in sorted(RUNTIME_SETTINGS):
             print(f"{name} = {getattr(config, name)!r}")
 

@@ -57,6 +57,8 @@ PENDING_VIEW_S: Final = 30.0
 HISTORY_EVERY: Final = 5
 HISTORY_POINTS: Final = 120
 HISTORY_WINDOW_S: Final = 600.0
+#: A thread that moved within this many seconds shows as active (its idle time counts from then on).
+ACTIVE_WINDOW_S: Final = 3.0
 #: Thread rows sent; the rest are counted in the header (Stop all and Stop cell still reach them).
 MAX_THREAD_ROWS: Final = 500
 #: A trait larger than this is sent at most every (size / this) intervals, so that 1000 busy threads cannot
@@ -206,8 +208,20 @@ def _t(value: object, digits: int = 2) -> float | None:
     return round(float(value), digits) if _is_number(value) else None  # type: ignore[arg-type]
 
 
-def thread_row(row: ThreadRow) -> dict[str, Any]:
-    """A snapshot row as the panel needs it: no stacks (sent on request), rounded times."""
+def _significant(value: float | None, digits: int = 2) -> float | None:
+    """``value`` to ``digits`` significant digits: CPU seconds that grow all the time change rarely."""
+    if value is None or not _is_number(value) or value <= 0:
+        return value
+    return round(value, digits - 1 - math.floor(math.log10(value)))
+
+
+def thread_row(row: ThreadRow, now: float) -> dict[str, Any]:
+    """A snapshot row as the panel needs it: no stacks (sent on request), times that move only on a change.
+
+    ``last_active`` is None while the thread is active (it moved in the last ``ACTIVE_WINDOW_S``), else the
+    moment its idle period began: a thread that polls all the time, or sleeps all the time, sends nothing.
+    """
+    last_active = row["last_active"]
     return {
         "tid": row["tid"],
         "name": row["name"],
@@ -217,8 +231,8 @@ def thread_row(row: ThreadRow) -> dict[str, Any]:
         "daemon": row["daemon"],
         "owners": [{"kind": o["kind"], "label": o["label"], "closed": o["closed"]} for o in row["owners"]],
         "started_at": _t(row["started_at"]),
-        "last_active": _t(row["last_active"], 1),
-        "cpu_s": _t(row["cpu_s"], 1),
+        "last_active": None if now - last_active < ACTIVE_WINDOW_S else _t(last_active, 1),
+        "cpu_s": _significant(row["cpu_s"]),
         "stop_requested_at": _t(row["stop_requested_at"]),
         "last_exception": row["last_exception"],
     }
@@ -267,6 +281,23 @@ def _queue_row(queue: Mapping[str, Any]) -> dict[str, Any]:
     return row
 
 
+def _blocked_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A blocked run without the figure that grows every second: the module draws it from ``since``.
+
+    Where the sentence contains the duration as the integration wrote it (``f"{seconds:.1f} s"``), that part
+    becomes ``{duration}``; otherwise the row is kept as it is (and sent whenever it changes).
+    """
+    out = dict(row)
+    seconds, text, since = out.get("seconds"), out.get("text"), out.get("since")
+    if _is_number(seconds) and _is_number(since) and isinstance(text, str):
+        written = f"{float(seconds):.1f} s"
+        if written in text:
+            out["text"] = text.replace(written, "{duration}", 1)
+            out["since"] = _t(since, 1)
+            del out["seconds"]
+    return out
+
+
 def _resources(resources: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """Memory rounded to MiB, native threads as a count: what the header and the memory section draw."""
     if not resources:
@@ -306,6 +337,41 @@ def _resources(resources: Mapping[str, Any] | None) -> dict[str, Any] | None:
         "native_threads": len(native) if isinstance(native, list) else None,
         "children": children,
     }
+
+
+def _close_enough(new: object, old: object, tolerance: float) -> bool:
+    return _is_number(new) and _is_number(old) and abs(float(new) - float(old)) < tolerance  # type: ignore[arg-type]
+
+
+def steady_resources(new: dict[str, Any] | None, old: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``new``, keeping ``old``'s figures where they moved less than a step (hysteresis for rounding).
+
+    Memory rounded to MiB still flips when it sits on a boundary, and the host's available memory moves with
+    every other process: a figure is replaced only when it moved by 2 MiB (available memory: 1 % of the total).
+    """
+    if not new or not old:
+        return new
+    result = {**new, "host": dict(new.get("host") or {})}
+    host, old_host = result["host"], old.get("host") or {}
+    total = host.get("total")
+    for key in host:
+        tolerance = (float(total) / 100 if _is_number(total) else _MIB) if key == "available" else 2 * _MIB
+        if key != "total" and _close_enough(host[key], old_host.get(key), tolerance):
+            host[key] = old_host[key]
+    old_devices = {d.get("index"): d for d in (old.get("gpu") or {}).get("devices") or []}
+    gpu = dict(new.get("gpu") or {})
+    devices = []
+    for device in gpu.get("devices") or []:
+        previous = old_devices.get(device.get("index"), {})
+        devices.append(
+            {
+                k: previous[k] if k != "total" and _close_enough(v, previous.get(k), 2 * _MIB) else v
+                for k, v in device.items()
+            }
+        )
+    gpu["devices"] = devices
+    result["gpu"] = gpu
+    return result
 
 
 def _failures(snapshot: Snapshot) -> list[dict[str, Any]]:
@@ -359,10 +425,10 @@ def panel_state(
     shown = user[:MAX_THREAD_ROWS]
     return {
         "header": _header(snapshot, user, len(shown), route, interval),
-        "threads": [thread_row(r) for r in shown],
+        "threads": [thread_row(r, snapshot["taken_at"]) for r in shown],
         "cells": _cells(snapshot, shown),
         "queues": [_queue_row(q) for q in snapshot["queues"]],
-        "blocked": [dict(b) for b in snapshot["blocked_runs"]],
+        "blocked": [_blocked_row(b) for b in snapshot["blocked_runs"]],
         "resources": _resources(snapshot["resources"]),
         "failures": _failures(snapshot),
         "last_stop": stop_state(snapshot["last_stop"], stop_extra),
@@ -389,9 +455,7 @@ def change_points(points: Iterable[Sequence[Any]], *, now: float, limit: int = H
     return kept
 
 
-def panel_history(
-    snapshot: Snapshot, resource_history: Sequence[Mapping[str, Any]], *, now: float
-) -> dict[str, Any]:
+def panel_history(snapshot: Snapshot, resource_history: Sequence[Mapping[str, Any]], *, now: float) -> dict[str, Any]:
     """Sparkline data: memory (MiB) from the probe's ring, each queue's fill level from its row."""
     memory = change_points(
         (
@@ -428,6 +492,13 @@ def _resource_history(extension: Any) -> Sequence[Mapping[str, Any]]:
     return points if isinstance(points, list) else []
 
 
+def _frame_text(entry: object) -> str:
+    """A creation-stack entry, ``(file, line, function)`` or already text, as ``file:line in function``."""
+    if isinstance(entry, tuple) and len(entry) == 3:
+        return f"{entry[0]}:{entry[1]} in {entry[2]}"
+    return str(entry)
+
+
 def _json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
 
@@ -442,18 +513,18 @@ def _read_esm() -> str:
         return "export default { render({ el }) { el.textContent = 'nbcoord: panel module missing'; } };"
 
 
-class NBCoordPanel(anywidget.AnyWidget):  # type: ignore[misc]
+class NBCoordPanel(anywidget.AnyWidget):
     """The panel widget. Its state is set by the panel's sender thread only; the front end cannot write it."""
 
     _esm = _read_esm()
 
     header = traitlets.Dict().tag(sync=True)
-    threads = traitlets.List().tag(sync=True)
-    cells = traitlets.List().tag(sync=True)
-    queues = traitlets.List().tag(sync=True)
-    blocked = traitlets.List().tag(sync=True)
+    threads: traitlets.List[Any] = traitlets.List().tag(sync=True)
+    cells: traitlets.List[Any] = traitlets.List().tag(sync=True)
+    queues: traitlets.List[Any] = traitlets.List().tag(sync=True)
+    blocked: traitlets.List[Any] = traitlets.List().tag(sync=True)
     resources = traitlets.Dict(allow_none=True, default_value=None).tag(sync=True)
-    failures = traitlets.List().tag(sync=True)
+    failures: traitlets.List[Any] = traitlets.List().tag(sync=True)
     history = traitlets.Dict().tag(sync=True)
     last_stop = traitlets.Dict(allow_none=True, default_value=None).tag(sync=True)
     stack = traitlets.Dict(allow_none=True, default_value=None).tag(sync=True)
@@ -548,10 +619,13 @@ class PanelController:
         self._sent: dict[str, str] = {}  # trait -> JSON last sent; touched by the sender thread only
         self._sent_at: dict[str, float] = {}
         self._history_at = 0.0
+        self.ticks = 0  # state builds so far (tests and the benchmark read it)
+        self.duplicates: collections.deque[str] = collections.deque(maxlen=64)  # click ids dropped as seen
         self._had_view = False
         kernel = getattr(extension.shell, "kernel", None)
         self.route = _fastcomm.install(kernel, self._from_fast_route, types=COMMAND_TYPES)
         initial = self._state()
+        self._resources: dict[str, Any] | None = initial["resources"]
         self._sent = {key: _json(value) for key, value in initial.items()}
         self.widget = NBCoordPanel(self._text_form, self._displayed, **initial)
         self.widget.on_msg(self._from_widget)
@@ -624,13 +698,17 @@ class PanelController:
 
     def _tick(self) -> None:
         """Build the state, and send the traits whose JSON changed, in one message (sender thread)."""
+        self.ticks += 1
         now = time.monotonic()
         interval = float(self.extension.config.panel_interval)
-        snapshot = self.extension.snapshot()
         with self._lock:
+            # Before the snapshot: a stop's click data is set after its report, so a snapshot taken after
+            # reading it holds that report and the threads as the stop left them.
             extra = self._stop_extra
             pending, self._pending = self._pending, {}
+        snapshot = self.extension.snapshot()
         state = panel_state(snapshot, route=self.route.kind, interval=interval, stop_extra=extra)
+        state["resources"] = self._resources = steady_resources(state["resources"], self._resources)
         if now - self._history_at >= HISTORY_EVERY * interval:
             self._history_at = now
             state["history"] = panel_history(snapshot, _resource_history(self.extension), now=time.time())
@@ -686,7 +764,7 @@ class PanelController:
             log.warning("nbcoord: panel rejected a command (%s): %.300r", why, content)
             return
         if not self._first_time(command.click_id):
-            log.debug("nbcoord: panel command %s already handled", command.click_id)
+            self.duplicates.append(command.click_id)  # the other route's copy: already handled
             return
         if command.type == "view":
             self._view(command)
@@ -732,7 +810,7 @@ class PanelController:
             "name": record.name,
             "click_id": command.click_id,
             "stack": format_stack(frame) if frame is not None else [],
-            "creation": list(record.creation_stack),
+            "creation": [_frame_text(entry) for entry in record.creation_stack],
             "at": round(time.time(), 3),
         }
         with self._lock:
@@ -740,9 +818,7 @@ class PanelController:
         self._sender.wake()
 
     def _stop(self, command: Command, route: str, received: float) -> None:
-        report: StopReport = self.extension.stop(
-            command.scope, force=command.force, cell=command.cell, tid=command.tid
-        )
+        report: StopReport = self.extension.stop(command.scope, force=command.force, cell=command.cell, tid=command.tid)
         extra = {
             "started_at": report["started_at"],
             "click_id": command.click_id,

@@ -664,6 +664,19 @@ class ResourceProbe:
             return []
         return kids
 
+    def children_in_cells(self, cells: Sequence[CellWindow]) -> list[tuple[psutil.Process, int | None, float]]:
+        """Every live descendant read now, with the cell that started it and its exact start (for the stop)."""
+        none: list[_ChildRead] = []
+        rows = self._guard("children", self._read_children, none)
+        cell_of = _attribute(rows, cells, self._process.pid)
+        found: list[tuple[psutil.Process, int | None, float]] = []
+        for row in rows:
+            try:
+                found.append((psutil.Process(row.pid), cell_of.get(row.pid), row.started_at))
+            except psutil.Error:
+                continue  # it ended between the read and now
+        return found
+
     def close(self) -> None:
         """Shut NVML down if this probe initialised it. A later sample initialises it again."""
         with self._lock:

@@ -10,6 +10,7 @@ alive. Threads are held by weak reference too, so that a finished thread is forg
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import sys
 import threading
@@ -27,6 +28,10 @@ ZombieReason = Literal["cell-interrupted", "cell-error", "stop-ignored", "owner-
 
 #: How many frames of the starting code a record keeps. Short on purpose: it is taken on every Thread.start.
 CREATION_STACK_DEPTH = 6
+#: What Thread.start queues: thread, parent, creation stack, owner, internal, the cell then running, the time.
+PendingStart = tuple[
+    threading.Thread, threading.Thread, list[tuple[str, int, str]], "Owner | None", bool, "CellInfo | None", float
+]
 #: How many thread failures are kept; older ones are dropped first.
 MAX_FAILURES = 100
 
@@ -106,6 +111,8 @@ class ThreadRecord:
     preexisting: bool = False
     internal: bool = False
     owners: list[Owner] = field(default_factory=list)
+    #: creation_stack as text, made on the first view that asks and kept (it never changes).
+    creation_lines: list[str] | None = None
     #: Created on first use by wait_for_stop, so that Thread.start does not pay for an Event per thread.
     stop_event: threading.Event | None = None
     stop_requested_at: float | None = None
@@ -149,17 +156,9 @@ class Registry:
         self._failures: deque[ThreadFailure] = deque(maxlen=MAX_FAILURES)
         self._ids = itertools.count(1)
         #: Threads started but not yet registered (see note_started); appended without the lock.
-        self._pending: deque[
-            tuple[
-                threading.Thread,
-                threading.Thread,
-                list[tuple[str, int, str]],
-                Owner | None,
-                bool,
-                CellInfo | None,
-                float,
-            ]
-        ] = deque()
+        self._pending: deque[PendingStart] = deque()
+        #: Records by the cell that started them (keyed by the CellInfo's id), for per-cell hooks.
+        self._by_cell: dict[int, list[ThreadRecord]] = {}
         self.created_at = clock()
 
     # ----------------------------------------------------------------------------------------------- cells
@@ -210,23 +209,36 @@ class Registry:
         owner: Owner | None = None,
         *,
         internal: bool = False,
-    ) -> None:
-        """The hot path of ``Thread.start``: queue what only the starting moment knows; register it later.
+    ) -> PendingStart:
+        """The hot path of ``Thread.start``, called just before the thread runs: queue what only the starting
+        moment knows; the record is made on the next read of the registry.
 
-        The record is made on the next read of the registry (any lookup drains the queue in order, so a parent
-        is always registered before the threads it started). ``deque.append`` needs no lock.
+        Reads drain the queue in order, so a parent is always registered before the threads it started; an entry
+        whose thread has no ident yet (its start is still under way) waits for a later read. ``deque.append``
+        needs no lock.
         """
-        self._pending.append(
-            (thread, parent, creation_stack(frame), owner, internal, self._current_cell, self._clock())
-        )
+        entry = (thread, parent, creation_stack(frame), owner, internal, self._current_cell, self._clock())
+        self._pending.append(entry)
+        return entry
+
+    def forget_pending(self, entry: PendingStart) -> None:
+        """Drop a queued start whose ``Thread.start`` failed."""
+        with self._lock, contextlib.suppress(ValueError):
+            self._pending.remove(entry)
 
     def _drain(self) -> None:
         if not self._pending:
             return
         with self._lock:
+            waiting: list[PendingStart] = []
             while self._pending:
-                thread, parent, stack, owner, internal, cell, at = self._pending.popleft()
+                entry = self._pending.popleft()
+                thread, parent, stack, owner, internal, cell, at = entry
+                if thread.ident is None:
+                    waiting.append(entry)
+                    continue
                 self._register(thread, parent, stack, owner, internal=internal, main_cell=cell, now=at)
+            self._pending.extendleft(reversed(waiting))
 
     def thread_started(
         self,
@@ -258,7 +270,7 @@ class Registry:
     ) -> ThreadRecord:
         main = threading.main_thread()
         with self._lock:
-            parent_record = self._by_ident.get(parent.ident) if parent.ident is not None else None
+            parent_record = self._own_record(parent)
             cell: CellInfo | None
             if parent_record is not None and parent_record.cell is not None:
                 cell = parent_record.cell
@@ -318,6 +330,19 @@ class Registry:
         self._threads[record.tid] = record
         if record.ident is not None:
             self._by_ident[record.ident] = record
+        if record.cell is not None:
+            self._by_cell.setdefault(id(record.cell), []).append(record)
+
+    def _own_record(self, thread: threading.Thread) -> ThreadRecord | None:
+        """The record of exactly this thread: the OS reuses idents at once, so the ident alone is not enough."""
+        record = self._by_ident.get(thread.ident) if thread.ident is not None else None
+        return record if record is not None and record.thread_ref() is thread else None
+
+    def records_of_cell(self, cell: CellInfo) -> list[ThreadRecord]:
+        """The live threads a cell started (directly or through its threads)."""
+        self._drain()
+        with self._lock:
+            return [record for record in self._by_cell.get(id(cell), []) if record.is_alive()]
 
     def add_owner(self, thread: threading.Thread, owner: Owner) -> None:
         """Attach an owner to a registered thread (integrations call this)."""
@@ -350,7 +375,6 @@ class Registry:
     def records(
         self,
         *,
-        include_dead: bool = False,
         include_internal: bool = False,
         live_idents: Container[int] | None = None,
     ) -> list[ThreadRecord]:
@@ -378,6 +402,12 @@ class Registry:
                 del self._threads[tid]
                 if record.ident is not None and self._by_ident.get(record.ident) is record:
                     del self._by_ident[record.ident]
+                if record.cell is not None:
+                    siblings = self._by_cell.get(id(record.cell), [])
+                    if record in siblings:
+                        siblings.remove(record)
+                    if not siblings:
+                        self._by_cell.pop(id(record.cell), None)
 
     # --------------------------------------------------------------------------------------------- zombies
     def zombie_reason(
@@ -411,13 +441,13 @@ class Registry:
     def stop_requested_for_current(self) -> bool:
         """Whether a stop was requested for the calling thread (False when it is not registered)."""
         self._drain()
-        record = self._by_ident.get(threading.get_ident())
+        record = self._own_record(threading.current_thread())
         return record is not None and record.stop_requested_at is not None
 
     def stop_event_for_current(self) -> threading.Event | None:
         """The stop flag of the calling thread as an Event (made on first use), if the thread is registered."""
         self._drain()
-        record = self._by_ident.get(threading.get_ident())
+        record = self._own_record(threading.current_thread())
         if record is None:
             return None
         with self._lock:

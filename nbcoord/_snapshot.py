@@ -144,6 +144,13 @@ def thread_state(record: ThreadRecord, frame: Any) -> str:
     return "running"
 
 
+def creation_lines(record: ThreadRecord) -> list[str]:
+    """The record's creation stack as ``file:line in function`` lines, formatted once."""
+    if record.creation_lines is None:
+        record.creation_lines = [f"{file}:{line} in {function}" for file, line, function in record.creation_stack]
+    return record.creation_lines
+
+
 class SnapshotBuilder:
     """Builds snapshots from the registry and the registered sources."""
 
@@ -178,7 +185,7 @@ class SnapshotBuilder:
             stop_requested_at=record.stop_requested_at,
             last_active=record.last_active,
             cpu_s=record.cpu_s,
-            creation_stack=[f"{file}:{line} in {function}" for file, line, function in record.creation_stack],
+            creation_stack=creation_lines(record),
             stack=format_stack(frame) if stacks and frame is not None else None,
             last_exception=(
                 f"{record.last_exception.exc_type}: {record.last_exception.message}"

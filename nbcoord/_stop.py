@@ -155,7 +155,8 @@ class StopMechanism:
         """
         started = time.monotonic()
         deadline = started + grace
-        if not self._running.acquire(timeout=grace + 1.0):
+        acquired = self._running.acquire(timeout=grace + 1.0)
+        if not acquired:
             log.warning("nbcoord: another stop is still running; this one proceeds without waiting")
         try:
             records = self.select(kind, cell=cell, tid=tid, grace=grace)
@@ -163,7 +164,7 @@ class StopMechanism:
             force_at = started + (grace * FORCE_AT if force_after is None else min(force_after, grace))
             report = self._run(scope, grace=grace, force_at=force_at if force else None, started=started)
         finally:
-            if self._running.locked():
+            if acquired:
                 self._running.release()
         if self.on_report is not None:
             try:

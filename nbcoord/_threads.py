@@ -76,20 +76,27 @@ class ThreadHooks:
         hooks = self
 
         def start(thread: threading.Thread) -> None:
-            original_start(thread)
-            if not hooks._active:
-                return
+            # Queued before the thread runs, so that a thread failing (or starting another) at its first
+            # instruction already has its cell.
+            entry = None
+            if hooks._active:
+                try:
+                    caller = sys._getframe(1)
+                    entry = registry.note_started(
+                        thread,
+                        threading.current_thread(),
+                        caller,
+                        owner_from_caller(caller),
+                        internal=thread.name.startswith(INTERNAL_PREFIX),
+                    )
+                except Exception:  # registration must never break the user's thread start
+                    log.warning("nbcoord: could not register thread %r", thread.name, exc_info=True)
             try:
-                caller = sys._getframe(1)
-                registry.note_started(
-                    thread,
-                    threading.current_thread(),
-                    caller,
-                    owner_from_caller(caller),
-                    internal=thread.name.startswith(INTERNAL_PREFIX),
-                )
-            except Exception:  # registration must never break the user's thread start
-                log.warning("nbcoord: could not register thread %r", thread.name, exc_info=True)
+                original_start(thread)
+            except BaseException:
+                if entry is not None:
+                    registry.forget_pending(entry)
+                raise
 
         start.__wrapped__ = original_start  # type: ignore[attr-defined]
         start.__doc__ = original_start.__doc__

@@ -1,0 +1,168 @@
+"""Kernel shutdown with a leaked non-daemon thread: nbcoord vs the same kernel without it, in one run.
+
+Run: ``python bench/bench_shutdown.py [--repeat 2]`` (about 30 s on 2 cores, under 90 s).
+
+For each kind of leak (a cooperative thread that polls ``nbcoord.should_stop()``, a ``while True: sleep`` loop
+that checks nothing, a thread blocked forever in ``Event().wait()``), a fresh kernel runs the leaking cell and is
+shut down the way a front end does it: ``KernelManager.shutdown_kernel()`` (a shutdown request on the control
+channel; SIGTERM after ``shutdown_wait_time / 2`` = 2.5 s; SIGKILL after 5 s). A watcher thread times the kernel
+process from the request to its exit and keeps its exit status. The baseline is the same kernel and cell
+without ``%load_ext nbcoord`` (there ``nbcoord.should_stop()`` is always False: the cooperative thread leaks too).
+
+Targets (issue 3): <= 0.3 s with a cooperative or sleep-loop leak, clean exit status 0; with an unstoppable
+thread, <= shutdown budget (1.5 s by default) + 0.2 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from jupyter_client.manager import KernelManager
+
+REPO = Path(__file__).resolve().parents[1]
+BUDGET_S = 1.5  # NBCoord.shutdown_budget's default
+
+LEAKS = {
+    "cooperative": """
+import nbcoord, threading, time
+def work():
+    while not nbcoord.should_stop():
+        time.sleep(0.01)
+threading.Thread(target=work, name="leak-cooperative").start()
+""",
+    "sleep-loop": """
+import threading, time
+def work():
+    while True:
+        time.sleep(0.05)
+threading.Thread(target=work, name="leak-sleep-loop").start()
+""",
+    "unstoppable": """
+import threading
+threading.Thread(target=threading.Event().wait, name="leak-blocked").start()
+""",
+}
+TARGETS = {"cooperative": 0.3, "sleep-loop": 0.3, "unstoppable": BUDGET_S + 0.2}
+
+
+@dataclass
+class Shutdown:
+    exit_s: float  # from the shutdown request to the process's exit
+    call_s: float  # how long shutdown_kernel() took to return (it polls every 0.1 s)
+    status: int | None  # exit status; negative: killed by that signal
+
+
+def describe(status: int | None) -> str:
+    if status is None:
+        return "?"
+    if status < 0:
+        return signal.Signals(-status).name
+    return f"{status} (clean)" if status == 0 else str(status)
+
+
+def start_kernel(workdir: str) -> tuple[KernelManager, Any]:
+    env = dict(
+        os.environ, IPYTHONDIR=workdir, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    )
+    km = KernelManager(kernel_name="python3")
+    km.kernel_cmd = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]  # type: ignore[attr-defined]
+    km.start_kernel(env=env, cwd=workdir, stderr=subprocess.DEVNULL)  # its TCP warning, its shutdown logs
+    kc = km.client()
+    kc.start_channels()
+    kc.wait_for_ready(timeout=60)
+    return km, kc
+
+
+def run_cell(kc: Any, code: str) -> None:
+    reply = kc.execute_interactive(code, timeout=60, output_hook=lambda _msg: None)
+    if reply["content"]["status"] != "ok":
+        raise RuntimeError(f"cell failed: {reply['content']}")
+
+
+def measure(leak: str, with_nbcoord: bool) -> Shutdown:
+    with tempfile.TemporaryDirectory(prefix="nbcoord-bench-") as workdir:
+        km, kc = start_kernel(workdir)
+        try:
+            if with_nbcoord:
+                run_cell(kc, "%load_ext nbcoord")
+            run_cell(kc, LEAKS[leak])
+            process = km.provisioner.process  # type: ignore[union-attr]
+            exited: list[float] = []
+
+            def watch() -> None:
+                process.wait()
+                exited.append(time.monotonic())
+
+            watcher = threading.Thread(target=watch, daemon=True)
+            watcher.start()
+            kc.stop_channels()
+            begin = time.monotonic()
+            km.shutdown_kernel()
+            call_s = time.monotonic() - begin
+            watcher.join(10)
+            exit_s = exited[0] - begin if exited else float("nan")
+            return Shutdown(exit_s=exit_s, call_s=call_s, status=process.returncode)
+        finally:
+            if km.has_kernel:
+                km.shutdown_kernel(now=True)
+            km.cleanup_resources()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeat", type=int, default=2, help="shutdowns per leak and mode (median reported)")
+    args = parser.parse_args()
+    began = time.monotonic()
+    print(f"nbcoord shutdown benchmark: python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
+    print("time from KernelManager.shutdown_kernel()'s request to the kernel process's exit, median of", args.repeat)
+    print()
+    header = ("leak", "nbcoord s", "status", "call s", "without s", "status", "call s", "ratio", "target s", "")
+    print("{:<12} {:>9} {:<12} {:>6} {:>9} {:<12} {:>6} {:>6} {:>8}  {}".format(*header))
+    verdicts = []
+    details: list[str] = []
+    for leak in LEAKS:
+        runs = {mode: [measure(leak, mode) for _ in range(args.repeat)] for mode in (True, False)}
+        row = {}
+        for mode, shutdowns in runs.items():
+            row[mode] = Shutdown(
+                exit_s=statistics.median(s.exit_s for s in shutdowns),
+                call_s=statistics.median(s.call_s for s in shutdowns),
+                status=shutdowns[-1].status if len({s.status for s in shutdowns}) == 1 else None,
+            )
+        ours, base = row[True], row[False]
+        target = TARGETS[leak]
+        met = ours.exit_s <= target and ours.status == 0
+        verdicts.append((leak, met))
+        print(
+            f"{leak:<12} {ours.exit_s:>9.3f} {describe(ours.status):<12} {ours.call_s:>6.2f} "
+            f"{base.exit_s:>9.3f} {describe(base.status):<12} {base.call_s:>6.2f} "
+            f"{base.exit_s / ours.exit_s:>6.1f} {target:>8.2f}  {'met' if met else 'NOT met'}"
+        )
+        details.append(
+            f"{leak:<12} with: {', '.join(f'{s.exit_s:.3f}' for s in runs[True])}; "
+            f"without: {', '.join(f'{s.exit_s:.3f}' for s in runs[False])}"
+        )
+    print()
+    print("every run, exit s:")
+    for line in details:
+        print("  " + line)
+    print()
+    print("ratio: without / with nbcoord. status '?': the repeats ended differently.")
+    print("target: exit within the target time with status 0 (a clean exit: atexit ran, history saved).")
+    print(f"targets met: {sum(met for _, met in verdicts)} of {len(verdicts)}")
+    print(f"({time.monotonic() - began:.1f} s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""Class-attribute patches that remember what they replaced and put it back exactly.
+
+TensorFlow exports the same classes under several namespaces (``tf.compat.v1.Session`` is
+``tensorflow.python.client.session.Session``), so a patch on the class attribute is seen by every name; a module
+function would have to be patched in every namespace that bound it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger("nbcoord")
+
+
+@dataclass
+class _Applied:
+    cls: type
+    name: str
+    original: Any
+    replacement: Any
+
+
+class ClassPatches:
+    """A set of class-attribute patches, undone together, newest first."""
+
+    def __init__(self) -> None:
+        self._applied: list[_Applied] = []
+
+    def patch(self, cls: type, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+        """Replace ``cls.name`` (which ``cls`` itself must define) by ``make(original)``."""
+        original = cls.__dict__[name]
+        replacement = functools.wraps(original)(make(original))
+        setattr(cls, name, replacement)
+        self._applied.append(_Applied(cls, name, original, replacement))
+
+    def restore(self) -> list[str]:
+        """Put every original back; returns the attributes that someone else had replaced meanwhile."""
+        foreign: list[str] = []
+        while self._applied:
+            applied = self._applied.pop()
+            label = f"{applied.cls.__qualname__}.{applied.name}"
+            if applied.cls.__dict__.get(applied.name) is applied.replacement:
+                setattr(applied.cls, applied.name, applied.original)
+            else:
+                # Someone patched on top of us: restoring would drop their patch. Theirs stays; ours is off
+                # because every patched function checks that the integration is still active.
+                log.warning("nbcoord: %s was patched again after nbcoord; leaving it", label)
+                foreign.append(label)
+        return foreign
+
+    def originals(self) -> dict[str, Any]:
+        """``Class.name`` -> the original attribute, for the patches in place."""
+        return {f"{a.cls.__qualname__}.{a.name}": a.original for a in self._applied}

@@ -1,0 +1,285 @@
+"""Tier 3: nbcoord in a real IPython kernel driven through jupyter_client.
+
+One kernel serves the whole module (kernel starts are the expensive part); each test starts threads with names
+of its own, looks only at those, and ends them, so the tests do not depend on each other or on their order.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from helpers import CellResult, Kernel, wait_until
+
+pytestmark = pytest.mark.kernel
+
+
+@pytest.fixture(scope="module")
+def kernel() -> Iterator[Kernel]:
+    """One kernel with nbcoord loaded; what load replaced is kept in ``_before`` to check unload against."""
+    k = Kernel()
+    try:
+        k.run(
+            "import json, signal, threading, time\n"
+            "_before = (threading.Thread.start, threading.excepthook, signal.getsignal(signal.SIGTERM),\n"
+            "           get_ipython().kernel.do_shutdown.__func__)"
+        )
+        k.run("%load_ext nbcoord")
+        k.run("import nbcoord")
+        yield k
+    finally:
+        k.close()
+
+
+def count_of(result: CellResult) -> int:
+    return int(result.reply["content"]["execution_count"])
+
+
+def thread_rows(kernel: Kernel, name: str) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = kernel.evaluate(f"[r for r in nbcoord.snapshot()['threads'] if r['name'] == {name!r}]")
+    return rows
+
+
+def one_row(kernel: Kernel, name: str) -> dict[str, Any]:
+    rows = thread_rows(kernel, name)
+    assert len(rows) == 1, rows
+    return rows[0]
+
+
+def cell_row(kernel: Kernel, count: int) -> dict[str, Any]:
+    row: dict[str, Any] = kernel.evaluate(
+        f"next(c for c in nbcoord.snapshot()['cells'] if c['execution_count'] == {count})"
+    )
+    return row
+
+
+def execute_with_cell_id(kernel: Kernel, code: str, cell_id: str) -> CellResult:
+    """An execute request as JupyterLab sends it: the cell's id in the message metadata ("cellId")."""
+    content = {
+        "code": code,
+        "silent": False,
+        "store_history": True,
+        "user_expressions": {},
+        "allow_stdin": False,
+        "stop_on_error": True,
+    }
+    msg = kernel.kc.session.msg("execute_request", content, metadata={"cellId": cell_id})
+    kernel.kc.shell_channel.send(msg)
+    result = kernel.collect(msg["header"]["msg_id"])
+    assert result.status == "ok", result.errors
+    return result
+
+
+def run_until_printed(kernel: Kernel, code: str, marker: str) -> str:
+    """Submit a long cell and return once it has printed ``marker`` (so that it is past that point)."""
+    msg_id = kernel.submit(code)
+
+    def printed() -> bool:
+        kernel._drain_iopub(msg_id, 0.05)
+        return marker in kernel._iopub[msg_id].stdout
+
+    wait_until(printed, timeout=30, what=f"the cell to print {marker!r}")
+    return msg_id
+
+
+def interrupted(kernel: Kernel, msg_id: str) -> CellResult:
+    kernel.interrupt()
+    result = kernel.collect(msg_id, timeout=30)
+    assert result.status == "error" and result.reply["content"]["ename"] == "KeyboardInterrupt", result.reply
+    return result
+
+
+# ---------------------------------------------------------------------------------------------- attribution
+def test_threads_are_attributed_to_cells_with_counts_and_cell_ids(kernel: Kernel) -> None:
+    plain = kernel.run(
+        "attr_stop = threading.Event()\nthreading.Thread(target=attr_stop.wait, name='attr-plain', daemon=True).start()"
+    )
+    with_id = execute_with_cell_id(
+        kernel,
+        "# started from JupyterLab\nthreading.Thread(target=attr_stop.wait, name='attr-lab', daemon=True).start()",
+        "0f1e2d3c-cell",
+    )
+    try:
+        assert one_row(kernel, "attr-plain")["cell"] == count_of(plain)
+        assert one_row(kernel, "attr-lab")["cell"] == count_of(with_id)
+        plain_cell, lab_cell = cell_row(kernel, count_of(plain)), cell_row(kernel, count_of(with_id))
+        assert plain_cell["cell_id"] is None and plain_cell["first_line"] == "attr_stop = threading.Event()"
+        assert plain_cell["outcome"] == "ok"
+        assert lab_cell["cell_id"] == "0f1e2d3c-cell" and lab_cell["first_line"] == "# started from JupyterLab"
+        report = kernel.run("%nbcoord").stdout
+        assert f"Cell [{count_of(plain)}] (ok): attr_stop = threading.Event()" in report
+    finally:
+        kernel.run("attr_stop.set()")
+
+
+def test_threads_started_by_threads_and_executors(kernel: Kernel) -> None:
+    spawn = kernel.run(
+        "from concurrent.futures import ThreadPoolExecutor\n"
+        "fam_go, fam_stop = threading.Event(), threading.Event()\n"
+        "def fam_parent():\n"
+        "    fam_go.wait()\n"
+        "    threading.Thread(target=fam_stop.wait, name='fam-child', daemon=True).start()\n"
+        "    fam_stop.wait()\n"
+        "threading.Thread(target=fam_parent, name='fam-parent', daemon=True).start()\n"
+        "fam_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix='fam-pool')\n"
+        "fam_pool.submit(fam_stop.wait)"
+    )
+    try:
+        kernel.run("fam_go.set()")  # the child starts during a later cell; it still belongs to the first one
+        wait_until(lambda: thread_rows(kernel, "fam-child"), timeout=10, what="the child thread")
+        parent, child = one_row(kernel, "fam-parent"), one_row(kernel, "fam-child")
+        worker = one_row(kernel, "fam-pool_0")
+        assert parent["cell"] == child["cell"] == worker["cell"] == count_of(spawn)
+        assert child["parent"] == "fam-parent"
+        assert [(o["kind"], o["label"], o["closed"]) for o in worker["owners"]] == [
+            ("executor", "ThreadPoolExecutor 'fam-pool'", False)
+        ]
+        kernel.run("fam_pool.shutdown(wait=False)")
+        assert one_row(kernel, "fam-pool_0")["owners"][0]["closed"] is True
+    finally:
+        kernel.run("fam_go.set(); fam_stop.set(); fam_pool.shutdown(wait=True)")
+
+
+# ------------------------------------------------------------------------------------------------- zombies
+def test_interrupted_cell_leaves_a_named_zombie(kernel: Kernel) -> None:
+    msg_id = run_until_printed(
+        kernel,
+        "irq_stop = threading.Event()\n"
+        "threading.Thread(target=irq_stop.wait, name='irq-victim', daemon=True).start()\n"
+        "print('started', flush=True)\n"
+        "time.sleep(60)",
+        "started",
+    )
+    result = interrupted(kernel, msg_id)
+    count = count_of(result)
+    try:
+        zombie_lines = [line for line in result.stderr.splitlines() if "zombie thread(s)" in line]
+        assert zombie_lines == [
+            "nbcoord: this cell left 1 zombie thread(s) running (its cell was interrupted): irq-victim. "
+            "See %nbcoord zombies; stop them with %nbcoord stop --zombies."
+        ], result.text
+        zombies = kernel.run("%nbcoord zombies").stdout
+        section = zombies.split(f"Cell [{count}] (interrupted): irq_stop = threading.Event()", 1)
+        assert len(section) == 2, zombies
+        assert "irq-victim" in section[1].split("Cell [", 1)[0]
+        assert "ZOMBIE: its cell was interrupted" in zombies
+        assert one_row(kernel, "irq-victim")["zombie"] == "cell-interrupted"
+    finally:
+        kernel.run("irq_stop.set()")
+
+
+def test_error_cell_leaves_a_cell_error_zombie(kernel: Kernel) -> None:
+    result = kernel.run(
+        "err_stop = threading.Event()\n"
+        "threading.Thread(target=err_stop.wait, name='err-victim', daemon=True).start()\n"
+        "raise ValueError('cell failed')",
+        allow_error=True,
+    )
+    try:
+        assert result.status == "error"
+        assert result.stderr.count("zombie thread(s)") == 1
+        assert "(its cell raised an error): err-victim." in result.stderr
+        row = one_row(kernel, "err-victim")
+        assert row["zombie"] == "cell-error" and row["cell"] == count_of(result)
+        assert cell_row(kernel, count_of(result))["error"] == "ValueError: cell failed"
+    finally:
+        kernel.run("err_stop.set()")
+
+
+def test_thread_exception_is_reported_once_in_the_next_cell(kernel: Kernel) -> None:
+    failing = kernel.run(
+        "exc_go = threading.Event()\n"
+        "def exc_fail():\n"
+        "    exc_go.wait()\n"
+        "    raise RuntimeError('lost the connection')\n"
+        "exc_t = threading.Thread(target=exc_fail, name='exc-thread')\n"
+        "exc_t.start(); exc_go.set(); exc_t.join()"
+    )
+    following = kernel.run("x = 1")
+    expected = (
+        f"nbcoord: thread 'exc-thread' started by cell [{count_of(failing)}] failed: "
+        "RuntimeError: lost the connection. See %nbcoord for tracebacks."
+    )
+    lines = [line for line in following.stderr.splitlines() if "exc-thread" in line]
+    assert lines == [expected], following.text
+    later = kernel.run("x = 2")
+    assert "exc-thread" not in later.text
+    failures = kernel.evaluate("[f for f in nbcoord.snapshot()['failures'] if f['thread_name'] == 'exc-thread']")
+    assert len(failures) == 1 and "raise RuntimeError('lost the connection')" in failures[0]["traceback"]
+
+
+# ---------------------------------------------------------------------------------------------------- stop
+COOPERATIVE = """
+def {name}_work():
+    while not nbcoord.should_stop():
+        time.sleep(0.01)
+{name}_thread = threading.Thread(target={name}_work, name="{name}", daemon=True)
+{name}_thread.start()
+"""
+
+
+def test_stop_magic_stops_a_cooperative_thread(kernel: Kernel) -> None:
+    kernel.run(COOPERATIVE.format(name="coop"))
+    out = kernel.run("%nbcoord stop --grace 5").stdout
+    assert out.startswith("nbcoord stop (all): ")
+    stopped = [line.strip() for line in out.splitlines() if line.strip().startswith("stopped: coop ")]
+    assert len(stopped) == 1, out
+    assert kernel.evaluate("coop_thread.is_alive()") is False
+    last = kernel.evaluate("nbcoord.snapshot()['last_stop']")
+    assert last["scope"] == "all" and "coop" in [row["name"] for row in last["stopped"]]
+
+
+def test_stop_on_interrupt_stops_the_interrupted_cells_threads(kernel: Kernel) -> None:
+    kernel.run("%nbcoord config stop_on_interrupt=true")
+    try:
+        msg_id = run_until_printed(
+            kernel,
+            COOPERATIVE.format(name="soi") + "print('started', flush=True)\ntime.sleep(60)",
+            "started",
+        )
+        result = interrupted(kernel, msg_id)
+        assert f"nbcoord: stopped the threads of interrupted cell [{count_of(result)}]." in result.stdout
+        assert "zombie" not in result.text
+        assert kernel.evaluate("soi_thread.is_alive()") is False
+    finally:
+        kernel.run("%nbcoord config stop_on_interrupt=false")
+
+
+# ------------------------------------------------------------------------------------------------ snapshot
+def test_snapshot_is_json_serialisable(kernel: Kernel) -> None:
+    kernel.run(
+        "snap_stop = threading.Event()\nthreading.Thread(target=snap_stop.wait, name='snap', daemon=True).start()"
+    )
+    try:
+        # json.dumps without default=: raises in the kernel if anything is not plain JSON.
+        snapshot = kernel.evaluate("nbcoord.snapshot(stacks=True)")
+        [row] = [r for r in snapshot["threads"] if r["name"] == "snap"]
+        assert row["stack"] and row["creation_stack"] and row["state"] == "waiting"
+        assert snapshot["pid"] == kernel.pid and snapshot["schema"] >= 1
+        assert json.loads(kernel.run("%nbcoord json").stdout)["pid"] == kernel.pid
+    finally:
+        kernel.run("snap_stop.set()")
+
+
+# ---------------------------------------------------------------------------------------------- load/unload
+def test_unload_restores_the_kernel_and_reload_works(kernel: Kernel) -> None:
+    restored = (
+        "(threading.Thread.start is _before[0], threading.excepthook is _before[1], "
+        "signal.getsignal(signal.SIGTERM) == _before[2], 'do_shutdown' in vars(get_ipython().kernel))"
+    )
+    assert kernel.evaluate(restored) == [False, False, False, True]
+    kernel.run("%unload_ext nbcoord")
+    try:
+        assert kernel.evaluate(restored) == [True, True, True, False]
+        assert kernel.evaluate("get_ipython().kernel.do_shutdown.__func__ is _before[3]") is True
+    finally:
+        kernel.run("%load_ext nbcoord")
+    kernel.run("%reload_ext nbcoord")
+    assert kernel.evaluate(restored) == [False, False, False, True]
+    kernel.run("rl_stop = threading.Event()\nthreading.Thread(target=rl_stop.wait, name='rl', daemon=True).start()")
+    try:
+        assert one_row(kernel, "rl")["preexisting"] is False
+    finally:
+        kernel.run("rl_stop.set()")
