@@ -110,7 +110,7 @@ def bench_thread_start() -> None:
     note_all()
     hot = (time.perf_counter() - begin) / len(finished)
     begin = time.perf_counter()
-    direct.records(include_dead=True)  # drains: the deferred registration of every noted start
+    direct.records()  # drains: the deferred registration of every noted start
     deferred = (time.perf_counter() - begin) / len(finished)
 
     added = patched - base
