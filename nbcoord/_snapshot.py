@@ -168,31 +168,31 @@ class SnapshotBuilder:
         """One registered thread as a row; ``frame`` is its current frame (None: not running)."""
         thread = record.thread
         alive = frame is not None and thread is not None
-        return ThreadRow(
-            tid=record.tid,
-            name=thread.name if thread is not None else record.name,
-            ident=record.ident,
-            native_id=record.native_id,
-            daemon=record.daemon,
-            alive=alive,
-            started_at=record.started_at,
-            cell=record.cell.execution_count if record.cell is not None else None,
-            parent=record.parent_name,
-            owners=[OwnerRow(kind=o.kind, label=o.label, closed=o.closed()) for o in record.owners],
-            preexisting=record.preexisting,
-            state=thread_state(record, frame),
-            zombie=self._registry.zombie_reason(record, grace, alive=alive),
-            stop_requested_at=record.stop_requested_at,
-            last_active=record.last_active,
-            cpu_s=record.cpu_s,
-            creation_stack=creation_lines(record),
-            stack=format_stack(frame) if stacks and frame is not None else None,
-            last_exception=(
-                f"{record.last_exception.exc_type}: {record.last_exception.message}"
-                if record.last_exception is not None
-                else None
-            ),
-        )
+        cell = record.cell
+        failure = record.last_exception
+        # A dict literal, not ThreadRow(...): a keyword call costs twice as much, a thousand times a snapshot.
+        row: ThreadRow = {
+            "tid": record.tid,
+            "name": thread.name if thread is not None else record.name,
+            "ident": record.ident,
+            "native_id": record.native_id,
+            "daemon": record.daemon,
+            "alive": alive,
+            "started_at": record.started_at,
+            "cell": cell.execution_count if cell is not None else None,
+            "parent": record.parent_name,
+            "owners": [{"kind": o.kind, "label": o.label, "closed": o.closed()} for o in record.owners],
+            "preexisting": record.preexisting,
+            "state": thread_state(record, frame),
+            "zombie": self._registry.zombie_reason(record, grace, alive=alive),
+            "stop_requested_at": record.stop_requested_at,
+            "last_active": record.last_active,
+            "cpu_s": record.cpu_s,
+            "creation_stack": creation_lines(record),
+            "stack": format_stack(frame) if stacks and frame is not None else None,
+            "last_exception": f"{failure.exc_type}: {failure.message}" if failure is not None else None,
+        }
+        return row
 
     def build(self, *, stacks: bool = False, include_internal: bool = False) -> Snapshot:
         """Take one snapshot. ``stacks`` adds every thread's current stack (slower)."""
