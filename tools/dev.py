@@ -60,13 +60,24 @@ def demo(args: argparse.Namespace) -> None:
     os.execv(command[0], command)
 
 
+def check(*cmd: str | Path) -> bool:
+    """Run a check; report, rather than stop at, its failure so that one run shows every problem."""
+    print("+", " ".join(str(c) for c in cmd), flush=True)
+    return subprocess.run([str(c) for c in cmd], cwd=ROOT).returncode == 0
+
+
 def test(args: argparse.Namespace) -> None:
     ensure_chromium()
     python = ensure_venv(VENV, "-e", f"{ROOT}[test]")
     ensure_venv(VENV_IK6, *IK6_PACKAGES, "-e", str(ROOT))
-    run(python, "-m", "ruff", "check", "nbcoord", "tests", "bench", "tools")
-    run(python, "-m", "mypy")
-    run(python, "-m", "pytest", *args.extra)
+    results = {
+        "ruff": check(python, "-m", "ruff", "check", "nbcoord", "tests", "bench", "tools"),
+        "mypy": check(python, "-m", "mypy"),
+        "pytest": check(python, "-m", "pytest", *args.extra),
+    }
+    failed = [name for name, passed in results.items() if not passed]
+    if failed:
+        sys.exit(f"failed: {', '.join(failed)}")
 
 
 def main() -> None:
