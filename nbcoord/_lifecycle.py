@@ -16,7 +16,7 @@ from typing import Any
 import psutil
 
 from ._config import NBCoord
-from ._probes import CellWindow, ResourceProbe, Resources
+from ._probes import CellWindow, ResourceProbe, Resources, thread_cpu_seconds
 from ._registry import CellOutcome, Registry
 from ._report import ZOMBIE_WORDS
 from ._shutdown import ShutdownHooks, abandon_thread
@@ -26,6 +26,9 @@ from ._threads import INTERNAL_PREFIX, Monitor, ThreadHooks
 from .integrations.tensorflow import watch as watch_tensorflow
 
 log = logging.getLogger("nbcoord")
+
+#: Threads whose CPU time is read per monitor tick (about 18 us each): bounds the monitor's cost.
+CPU_SAMPLES_PER_TICK = 64
 
 
 def _ipython_major() -> int:
@@ -60,6 +63,7 @@ class Extension:
         self.probe = ResourceProbe()
         self._user_stoppers: list[tuple[Callable[[], None], int | None]] = []
         self._own_stoppers: list[Callable[[], None]] = []
+        self._cpu_cursor = 0
         self._undo: list[Callable[[], None]] = []
         self._first_count = _ipython_major() >= 9
         self.loaded_at = time.time()
@@ -78,6 +82,7 @@ class Extension:
         self._undo.append(lambda: events.unregister("post_run_cell", self._post_run_cell))
         self._undo.append(self.stopper.add_stopper("user", self._run_user_stoppers))
         self._undo.append(self.monitor.add_task("activity", self.registry.sample_activity))
+        self._undo.append(self.monitor.add_task("thread-cpu", self._sample_thread_cpu))
         self._undo.append(self.monitor.add_task("resources", self._sample_resources))
         self._undo.append(self.snapshots.add_source("resources", self._resources_section))
         self._undo.append(self.probe.close)
@@ -220,15 +225,28 @@ class Extension:
 
     def _sample_resources(self) -> Resources:
         """One resource sample (cheap between the probe's rate-limited full reads); feeds per-thread CPU."""
-        live = sys._current_frames()
         python_threads = {
-            r.native_id: r.name
-            for r in self.registry.records(include_internal=True, live_idents=live)
-            if r.native_id is not None
+            r.native_id: r.name for r in self.registry.records(include_internal=True) if r.native_id is not None
         }
         resources = self.probe.sample(self._cell_windows(), python_threads)
         self.registry.note_cpu({t["native_id"]: t["cpu_s"] for t in resources["native_threads"]})
         return resources
+
+    def _sample_thread_cpu(self) -> None:
+        """CPU time of the user's threads, a bounded number per tick, so that a busy thread never looks idle
+        (its innermost frame can look the same at every sample while it works)."""
+        records = [r for r in self.registry.records() if not r.preexisting and r.native_id is not None]
+        if not records:
+            return
+        start = self._cpu_cursor % len(records)
+        batch = (records[start:] + records[:start])[:CPU_SAMPLES_PER_TICK]
+        self._cpu_cursor = start + len(batch)
+        cpu: dict[int, float] = {}
+        for record in batch:
+            seconds = thread_cpu_seconds(record.native_id) if record.native_id is not None else None
+            if record.native_id is not None and seconds is not None:
+                cpu[record.native_id] = seconds
+        self.registry.note_cpu(cpu)
 
     def _resources_section(self) -> dict[str, Any]:
         return {"resources": self._sample_resources()}

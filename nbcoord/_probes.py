@@ -463,6 +463,18 @@ def _threads_linux(pid: int) -> list[tuple[int, str, float]]:
     return rows
 
 
+def thread_cpu_seconds(native_id: int) -> float | None:
+    """CPU time (user + system) of one thread of this process, from ``/proc``; None where unavailable.
+
+    About 18 us a call here. Safe for any id: a thread that ended just gives None (unlike
+    ``pthread_getcpuclockid``, which is undefined behaviour on a thread that is gone).
+    """
+    if not _HAS_PROC:
+        return None
+    stat = _read_stat(f"{_PROC}/self/task/{native_id}/stat")
+    return None if stat is None else stat.cpu_s
+
+
 def _threads_psutil(process: psutil.Process) -> list[tuple[int, str, float]]:
     return [(t.id, "", t.user_time + t.system_time) for t in process.threads()]
 

@@ -18,10 +18,13 @@ import time
 import traceback
 import weakref
 from collections import deque
-from collections.abc import Callable, Container, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Literal
+
+#: The interpreter's own table of running threads (ident -> Thread); entries go when a thread's run() ends.
+_RUNNING: dict[int, threading.Thread] = threading._active  # type: ignore[attr-defined]
 
 CellOutcome = Literal["running", "ok", "error", "interrupted"]
 ZombieReason = Literal["cell-interrupted", "cell-error", "stop-ignored", "owner-closed"]
@@ -127,9 +130,13 @@ class ThreadRecord:
         return self.thread_ref()
 
     def is_alive(self) -> bool:
-        """Whether the thread is still running."""
+        """Whether the thread is still running.
+
+        Asks the interpreter's table of running threads rather than ``Thread.is_alive()``: on CPython 3.11 a
+        KeyboardInterrupt during ``join()`` marks a live thread as stopped, and the OS reuses idents at once.
+        """
         thread = self.thread_ref()
-        return thread is not None and thread.is_alive()
+        return thread is not None and self.ident is not None and _RUNNING.get(self.ident) is thread
 
 
 def creation_stack(frame: FrameType | None, depth: int = CREATION_STACK_DEPTH) -> list[tuple[str, int, str]]:
@@ -372,27 +379,11 @@ class Registry:
         self._drain()
         return self._threads.get(tid)
 
-    def records(
-        self,
-        *,
-        include_internal: bool = False,
-        live_idents: Container[int] | None = None,
-    ) -> list[ThreadRecord]:
-        """Registered live threads, oldest first; dead ones are pruned.
-
-        ``live_idents`` (the keys of ``sys._current_frames()``) makes the liveness check a set lookup instead of
-        a lock acquisition per thread, which matters at a thousand threads.
-        """
-        if live_idents is None:
-            alive: Callable[[ThreadRecord], bool] = ThreadRecord.is_alive
-        else:
-
-            def alive(record: ThreadRecord) -> bool:
-                return record.ident in live_idents and record.thread_ref() is not None
-
+    def records(self, *, include_internal: bool = False) -> list[ThreadRecord]:
+        """Registered live threads, oldest first; finished ones are pruned."""
         with self._lock:
             self._drain()
-            self._prune(alive)
+            self._prune(ThreadRecord.is_alive)
             records = list(self._threads.values())
         return [record for record in records if include_internal or not record.internal]
 
@@ -499,7 +490,7 @@ class Registry:
         now = self._clock()
         with self._lock:
             self._drain()
-            self._prune(lambda record: record.ident in frames and record.thread_ref() is not None)
+            self._prune(ThreadRecord.is_alive)
             for record in self._threads.values():
                 frame = frames.get(record.ident) if record.ident is not None else None
                 signature = (id(frame.f_code), frame.f_lineno) if frame is not None else None

@@ -167,7 +167,7 @@ class SnapshotBuilder:
     def thread_row(self, record: ThreadRecord, frame: Any, *, stacks: bool, grace: float) -> ThreadRow:
         """One registered thread as a row; ``frame`` is its current frame (None: not running)."""
         thread = record.thread
-        alive = frame is not None and thread is not None
+        alive = record.is_alive()
         cell = record.cell
         failure = record.last_exception
         # A dict literal, not ThreadRow(...): a keyword call costs twice as much, a thousand times a snapshot.
@@ -197,7 +197,7 @@ class SnapshotBuilder:
     def build(self, *, stacks: bool = False, include_internal: bool = False) -> Snapshot:
         """Take one snapshot. ``stacks`` adds every thread's current stack (slower)."""
         frames = sys._current_frames()
-        records = self._registry.records(include_internal=include_internal, live_idents=frames)
+        records = self._registry.records(include_internal=include_internal)
         grace = self._grace_period()
         threads = [
             self.thread_row(r, frames.get(r.ident) if r.ident is not None else None, stacks=stacks, grace=grace)

@@ -242,6 +242,9 @@ def _join_all(records: list[ThreadRecord], deadline: float, force_at: float | No
         thread = pending[0].thread
         if thread is not None:
             thread.join(timeout=min(JOIN_POLL_S * 4, max(0.0, deadline - now)))
+            if not thread.is_alive() and pending[0].is_alive():
+                # An interrupted join() on CPython 3.11 marks a live thread stopped; join then returns at once.
+                time.sleep(JOIN_POLL_S)
         pending = [r for r in pending if r.is_alive()]
     return forced
 

@@ -1,0 +1,248 @@
+"""The demo notebooks, executed end to end with nbclient, as a user would run them top to bottom.
+
+Every notebook under ``notebooks/`` runs in a fresh kernel on this interpreter, one at a time. A notebook fails if a
+cell raises unless that cell is tagged ``raises-exception`` (the interrupted and failing cells the scenarios are
+about), if any error output appears in an untagged cell, or if its outputs lack what its first markdown cell
+promises (``EXPECTED``) or show what must not happen (``FORBIDDEN``). The executed copies are written to
+``test-artifacts/notebooks/`` for reading after a failure.
+
+A second test checks that the committed notebooks carry no outputs and no execution counts.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import nbformat
+import pytest
+from jupyter_client.manager import KernelManager
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
+from nbformat import NotebookNode
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS_DIR = ROOT / "notebooks"
+ARTIFACTS = ROOT / "test-artifacts" / "notebooks"
+NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
+
+#: nbclient's limit for one cell; every demo notebook runs in well under a minute in total.
+CELL_TIMEOUT_S = 60
+ALLOW_ERROR_TAG = "raises-exception"
+
+#: What each notebook must show, as (regular expression, what it means), searched in all its outputs together.
+EXPECTED: dict[str, list[tuple[str, str]]] = {
+    "00-quickstart": [
+        (r"\[display application/vnd\.jupyter\.widget-view\+json\]", "the panel is displayed as a widget"),
+        (r"started 3 workers", "the workers started"),
+        (r"Cell \[\d+\] \(ok\): import threading\n(.*\n)*?\s+t\d+\s+worker-0", "%nbcoord lists workers by cell"),
+        (r"this cell left 1 zombie thread\(s\) running \(its cell was interrupted\): poller", "zombie announced"),
+        (r"poller \| running \| ZOMBIE: its cell was interrupted", "%nbcoord zombies names the poller"),
+        (r"stopped 3 thread\(s\), 1 still alive", "stop_all stops the workers and reports the poller"),
+        (r"still alive: poller \(started by cell \[\d+\]\): ignored the stop request at ", "why the poller lives"),
+        (r"stopped: poller \(t\d+\) \[forced\]", "the forced stop ends the poller"),
+        (r"ERROR KeyboardInterrupt", "the interrupted cell ends with KeyboardInterrupt"),
+    ],
+    "01-empty-queue-hang": [
+        (r"start_queue_runners started 0 threads", "the slip"),
+        (r"(?m)^nbcoord: .*\binput\b", "the blocked run's sentence names the queue"),
+        (r"queue 'input': 0 of 100 elements, open", "the queue's fill level while blocked"),
+        (r"the blocked sess\.run ended 0\.\d\d s after Interrupt was pressed", "Interrupt ends the run at once"),
+        (r"ERROR KeyboardInterrupt", "the interrupted cell ends with KeyboardInterrupt"),
+        (r"enqueued 42\.0, dequeued 42\.0", "session and queue still usable"),
+        (r"stopped and joined 2 runner threads; session closed", "the fix works"),
+    ],
+    "02-with-session-trap": [
+        (r"2 runner threads started; a batch:", "runners started inside the block"),
+        (r"QueueRunnerThread-numbers-\S+ \|.*owner: ", "runner threads shown with their owners"),
+        (r"numbers: \d+ of 10 \(open", "the queue's fill level"),
+        (r"after the with block: 0 runner threads alive", "closing the session stopped its runners"),
+        (r"threads in the kernel before: (\d+), after three more runs: \1\b", "no thread piles up"),
+    ],
+    "03-join-without-stop": [
+        (r"this cell left 2 zombie thread\(s\) running \(its cell was interrupted\)", "both runners named"),
+        (r"nbcoord stop \(all\): 2 stopped, 0 still alive", "%nbcoord stop rescues the runners"),
+        (r"runner threads still running: \[\]", "no runner thread left"),
+        (r"Stop all: \d+ thread\(s\) stopped in \d+ ms, 0 still alive", "Stop all while the cell is busy"),
+        (r"joined 2 runner threads and closed the session", "the cell's finally block completes"),
+    ],
+    "04-coordinator-and-exceptions": [
+        (r"QueueRunnerThread-examples-\S+ \|.*owner: ", "runner threads shown with their owners"),
+        (r"examples: \d+ of 8 \(open", "the queue's fill level"),
+        (r"coord\.join returned in \d+ ms; threads alive: 0", "the coordinator pattern stops everything"),
+        (r"ERROR ValueError: worker-2: corrupt record at step 5", "coord.join re-raises the worker's exception"),
+        (r"worker-2 \(started by cell \[\d+\]\) raised ValueError:\nTraceback", "failure kept with its traceback"),
+        (r"last failure: shard-loader \(started by cell \[\d+\]\): FileNotFoundError", "plain thread failure kept"),
+        (r"nbcoord: thread 'shard-loader' started by cell \[\d+\] failed", "failure announced under the next cell"),
+        (r"stop requested: True", "request_stop(ValueError(...)) requests the stop"),
+        (r"ERROR ValueError: validation loss is NaN", "join re-raises it"),
+    ],
+    "05-two-queues-fill-levels": [
+        (r"filenames \[#+\.*\] +\d+/32 +examples \[#+\.*\] +\d+/64", "fill levels printed as bars"),
+        (r"average fill: filenames (9\d|100)%, examples ([89]\d|100)%", "phase 1: both queues full"),
+        (r"average fill: filenames (9\d|100)%, examples ([0-9]|[1-3]\d)%", "phase 2: examples run empty"),
+        (r"in [\d.]+/s, out [\d.]+/s", "%nbcoord shows enqueue and dequeue rates"),
+        (r"ERROR FloatingPointError: loss is NaN at step 30", "coord.join re-raises the loop's error"),
+        (r"runner threads alive: 0", "all runners stopped together"),
+        (r"filenames: \d+ of 32 \(closed", "the filename queue is closed"),
+        (r"examples: \d+ of 64 \(closed", "the example queue is closed"),
+    ],
+    "06-leak-hunting": [
+        (r"QueueRunnerThread-batches_1-\S+ +daemon=False", "threading.enumerate() shows the leaks"),
+        (r"QueueRunnerThread-batches-\S+ \|.*owner: ", "%nbcoord names the owners"),
+        (r"batches: \d+ of 16", "the forgotten queue's fill level"),
+        (r"batches_1: \d+ of 16", "the current queue's fill level"),
+        (r"nbcoord stop \(cell\): 2 stopped, 0 still alive", "the first run's runners stopped by cell"),
+        (r"nbcoord stop \(all\): 4 stopped, 0 still alive", "the rest stopped"),
+        (r"leaked threads left: \[\]", "no leak left"),
+    ],
+    "07-stuck-thread": [
+        (r"stuck workers: \['worker-2'\]", "the stuck worker, and only it, found by its idle time"),
+        (r"stopped the group's 5 threads in \d+ ms(.*\n)*?stopped the group's 5 threads", "group stopped twice"),
+        (r"stuck workers: none", "after the restart every worker is active"),
+    ],
+    "08-restart-frees-the-gpu": [
+        (r"reference: the kernel process ended [\d.]+ s .*exit status 0: it exited by itself", "reference"),
+        (r"without nbcoord: the kernel process ended [\d.]+ s .*exit status -15: killed by SIGTERM", "baseline"),
+        (r"with nbcoord: the kernel process ended [\d.]+ s .*exit status 0: it exited by itself", "prompt exit"),
+    ],
+}
+
+#: What no notebook may show: errors nbcoord exists to prevent, and nbcoord's own failures.
+FORBIDDEN_EVERYWHERE = [
+    (r"MISMATCH", "a KeyboardInterrupt replaced by pybind11's MISMATCH error"),
+    (r"nbcoord: (snapshot source|stopper|an unload step|\w+ hook failed|monitor task|could not)", "nbcoord failed"),
+    (r"stopper \S+ failed", "a stopper failed"),
+]
+FORBIDDEN: dict[str, list[tuple[str, str]]] = {
+    "01-empty-queue-hang": [
+        (r"Interrupt did not reach", "Interrupt did not end the blocked run"),
+        (r"nbcoord reported no blocked run", "no diagnosis"),
+    ],
+    "02-with-session-trap": [
+        (r"Session has been closed|Run call was cancelled|was cancelled", "runners outlived their session"),
+        (r"Exception in QueueRunner|Exception in thread", "a runner failed"),
+        (r"Thread failures:", "a thread failed"),
+    ],
+    "03-join-without-stop": [
+        (r"the stop left runners alive", "the stop did not stop the runners"),
+        (r"STILL ALIVE", "a thread survived a stop"),
+        (r"Exception in QueueRunner|Exception in thread", "a runner failed"),
+    ],
+    "04-coordinator-and-exceptions": [
+        (r"TypeError", "TensorFlow's request_stop bug was not worked around"),
+        (r"nbcoord has no record", "the coordinator's exception was not kept"),
+    ],
+    "05-two-queues-fill-levels": [(r"no queues reported", "no fill levels")],
+    "06-leak-hunting": [(r"STILL ALIVE", "a thread survived a stop")],
+}
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def uses_tensorflow(path: Path) -> bool:
+    return "import tensorflow" in path.read_text()
+
+
+def notebook_params() -> Iterator[object]:
+    for path in NOTEBOOKS:
+        marks = [pytest.mark.tensorflow] if uses_tensorflow(path) else []
+        yield pytest.param(path, marks=marks, id=path.stem)
+
+
+def kernel_manager() -> KernelManager:
+    """A python3 kernel on this interpreter, whatever kernelspecs the machine has (as tests/helpers.Kernel does)."""
+    km = KernelManager(kernel_name="python3")
+    km.kernel_cmd = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    return km
+
+
+def execute(path: Path, tmp_path: Path) -> NotebookNode:
+    """Run the notebook top to bottom in a fresh kernel; the executed copy is kept under test-artifacts/."""
+    nb = nbformat.read(path, as_version=4)
+    env = dict(os.environ, IPYTHONDIR=str(tmp_path / "ipython"), PYTHONUNBUFFERED="1")
+    client = NotebookClient(
+        nb,
+        km=kernel_manager(),
+        timeout=CELL_TIMEOUT_S,
+        startup_timeout=60,
+        allow_errors=False,  # nbclient still lets cells tagged raises-exception fail
+        resources={"metadata": {"path": str(tmp_path)}},
+    )
+    try:
+        client.execute(env=env)  # the kernel starts in tmp_path (resources' path)
+    except CellExecutionError as exc:
+        pytest.fail(f"{path.name}: a cell raised outside a {ALLOW_ERROR_TAG} cell:\n{ANSI.sub('', str(exc))[-3000:]}")
+    finally:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, ARTIFACTS / path.name)
+    return nb
+
+
+def output_text(output: NotebookNode) -> str:
+    """One output as text: streams as printed, errors as ``ERROR name: value``, displays by their mime types."""
+    kind = output.output_type
+    if kind == "stream":
+        return str(output.text)
+    if kind == "error":
+        return f"ERROR {output.ename}: {output.evalue}\n" + "\n".join(output.traceback)
+    data = output.get("data", {})
+    parts = [f"[display {mime}]" for mime in sorted(data)]
+    return "\n".join([*parts, str(data.get("text/plain", ""))])
+
+
+def all_output(nb: NotebookNode) -> str:
+    texts = [output_text(out) for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs]
+    return ANSI.sub("", "\n".join(texts))
+
+
+def unexpected_errors(nb: NotebookNode) -> list[str]:
+    """Error outputs in cells not tagged raises-exception."""
+    found = []
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code" or ALLOW_ERROR_TAG in cell.metadata.get("tags", []):
+            continue
+        for out in cell.outputs:
+            if out.output_type == "error":
+                found.append(f"cell {index} ({cell.source.splitlines()[0]!r}): {out.ename}: {out.evalue}")
+    return found
+
+
+@pytest.mark.notebooks
+@pytest.mark.kernel
+@pytest.mark.parametrize("path", list(notebook_params()))
+def test_notebook_runs_and_shows_what_it_promises(path: Path, tmp_path: Path) -> None:
+    nb = execute(path, tmp_path)
+    assert not unexpected_errors(nb), unexpected_errors(nb)
+    text = all_output(nb)
+    missing = [what for pattern, what in EXPECTED.get(path.stem, []) if not re.search(pattern, text)]
+    seen = [what for pattern, what in FORBIDDEN_EVERYWHERE + FORBIDDEN.get(path.stem, []) if re.search(pattern, text)]
+    assert not missing and not seen, (
+        f"{path.name}: missing {missing}; shows {seen}. Executed copy: {ARTIFACTS / path.name}"
+    )
+
+
+def test_every_notebook_has_expectations() -> None:
+    assert {p.stem for p in NOTEBOOKS} == set(EXPECTED), "a notebook was added or removed without updating EXPECTED"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_committed_notebook_is_clean(path: Path) -> None:
+    """No outputs, no execution counts or run metadata, a python3 kernel, and a first cell that says what to expect."""
+    nb = nbformat.read(path, as_version=nbformat.NO_CONVERT)
+    nbformat.validate(nb)
+    assert nb.nbformat == 4
+    assert nb.metadata.get("kernelspec", {}).get("name") == "python3"
+    assert nb.cells and nb.cells[0].cell_type == "markdown", "the first cell must say what the user will see"
+    assert "What you will see" in nb.cells[0].source
+    assert set(nb.metadata) <= {"kernelspec", "language_info"}, f"notebook metadata from a run: {set(nb.metadata)}"
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type == "code":
+            assert cell.outputs == [], f"cell {index} has outputs"
+            assert cell.execution_count is None, f"cell {index} has an execution count"
+            assert set(cell.metadata) <= {"tags"}, f"cell {index} has metadata from a run: {set(cell.metadata)}"
+        else:
+            assert "tags" not in cell.metadata, f"cell {index}: only code cells are tagged"
