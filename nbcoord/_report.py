@@ -128,7 +128,11 @@ def queues_section(snapshot: Snapshot) -> list[str]:
         rates = ""
         if q.get("enqueue_rate") is not None:
             rates = f", in {q['enqueue_rate']:.1f}/s, out {q.get('dequeue_rate') or 0:.1f}/s"
-        lines.append(f"  {q.get('name')}: {size if size is not None else '?'} of {cap} ({state}{rates})")
+        session = f", session {q['session']}" if q.get("session") else ""
+        runners = q.get("runners")
+        feeders = f", {runners} runner{'s' if runners != 1 else ''}" if runners is not None else ""
+        filled = f"{size if size is not None else '?'} of {cap}"
+        lines.append(f"  {q.get('name')}: {filled} ({state}{rates}{feeders}{session})")
     return lines
 
 

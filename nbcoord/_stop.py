@@ -130,8 +130,9 @@ class StopMechanism:
         candidates = [r for r in self._registry.records() if r.thread is not me and r.thread is not main]
         if kind == "thread":
             return [r for r in candidates if r.tid == tid]
-        # Threads that were there before nbcoord (the kernel's own among them) are stopped only by id.
-        candidates = [r for r in candidates if not r.preexisting]
+        # Threads that were there before nbcoord (the kernel's own among them) are stopped only by id, unless an
+        # integration claimed them as user work (a QueueRunner started before %load_ext has owners).
+        candidates = [r for r in candidates if not r.preexisting or r.owners]
         if kind == "cell":
             return [r for r in candidates if r.cell is not None and r.cell.execution_count == cell]
         if kind == "zombies":

@@ -24,6 +24,8 @@ log = logging.getLogger("nbcoord")
 
 #: Points of fill-level history kept per queue and session (one per poll, about a second apart).
 HISTORY_POINTS = 60
+#: How long a snapshot waits for a poll of the same session already in flight.
+POLL_WAIT_S = 0.1
 #: Polls over which rates are computed (about five seconds).
 RATE_WINDOW = 6
 
@@ -44,7 +46,6 @@ class SessionInfo:
     #: Held while this session is polled; closing the session waits for it, so a poll never meets a closing one.
     lock: threading.Lock = field(default_factory=threading.Lock)
     closing: bool = False
-    polled_at: float = 0.0
     poller: Poller | None = None
 
     def live_session(self) -> Any | None:
@@ -61,7 +62,6 @@ class QueueState:
 
     size: int | None = None
     closed: bool | None = None
-    polled_at: float = 0.0
     history: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
     enqueued: int = 0
     enqueued_known: bool = True
@@ -133,7 +133,11 @@ class RunnerInfo:
 
 @dataclass(eq=False)
 class Poller:
-    """One prepared callable that fetches (size, closed) of every queue of a session's graph."""
+    """One prepared callable that fetches (size, closed) of every queue of a session's graph.
+
+    ``version`` is the registry's queue count version it was checked against; a new queue anywhere bumps it,
+    and the poller is rebuilt only if its own graph's queues differ.
+    """
 
     version: int
     queues: list[QueueInfo]
@@ -197,7 +201,7 @@ class TFObjects:
         capacity, min_after = queue_attrs(op)
         info = QueueInfo(
             qid="",
-            ref=weakref.ref(queue, self._forget(self._queues, id(queue))),
+            ref=weakref.ref(queue, self._forget_queue(id(queue))),
             graph_ref=weakref.ref(graph),
             name=str(op.name),
             op_type=str(op.type),
@@ -260,6 +264,19 @@ class TFObjects:
             self._runners.append(info)
         return info
 
+    def _forget_queue(self, key: int) -> Callable[[Any], None]:
+        def forget(ref: Any) -> None:
+            with self.lock:
+                info = self._queues.get(key)
+                if info is None or info.ref is not ref:
+                    return
+                del self._queues[key]
+                for op_key in [k for k, v in self._queues_by_op.items() if v is info]:
+                    del self._queues_by_op[op_key]
+                self._queue_version += 1
+
+        return forget
+
     def _forget(self, table: dict[int, Any], key: int) -> Callable[[Any], None]:
         def forget(ref: Any) -> None:
             with self.lock:
@@ -321,17 +338,22 @@ class TFObjects:
         return [r for r in self.runners() if r.role == "enqueue" and r.queue is queue and r.session_ref() is session]
 
     # ------------------------------------------------------------------------------------------ polling
-    def poll_all(self, max_age: float = 0.0) -> None:
-        """Poll every open session whose last poll is older than ``max_age`` seconds."""
-        now = time.monotonic()
+    def poll_all(self, *, record: bool, wait: float = 0.0) -> None:
+        """Poll every open session (``record``: also add a point to the history and the rate window)."""
         for info in self.sessions():
-            if now - info.polled_at >= max_age:
-                self.poll(info)
+            self.poll(info, record=record, wait=wait)
 
-    def poll(self, info: SessionInfo) -> bool:
-        """Poll one session's queues; False when skipped (closed, busy, nothing to poll, or failed)."""
+    def poll(self, info: SessionInfo, *, record: bool = False, wait: float = POLL_WAIT_S) -> bool:
+        """Poll one session's queues; False when skipped (closed, busy, nothing to poll, or failed).
+
+        Only the monitor's regular polls ``record``: snapshots and interrupts poll for fresh values whenever
+        they need them, and must not crowd the history. A poll already in flight (a poll takes well under a
+        millisecond) is waited for up to ``wait`` seconds; the monitor does not wait.
+        """
         session = info.live_session()
-        if session is None or not info.lock.acquire(blocking=False):
+        if session is None:
+            return False
+        if not (info.lock.acquire(timeout=wait) if wait > 0 else info.lock.acquire(blocking=False)):
             return False
         try:
             if info.live_session() is None:
@@ -340,22 +362,26 @@ class TFObjects:
             if poller is None or poller.fetch is None:
                 return False
             values = poller.fetch()
-            info.polled_at = time.monotonic()
         except Exception:
             log.debug("nbcoord: polling the queues of session %s failed", info.sid, exc_info=True)
             return False
         finally:
             info.lock.release()
-        self._update(info, session, poller.queues, values)
+        self._update(info, session, poller.queues, values, record=record)
         return True
 
     def _poller(self, info: SessionInfo, session: Any) -> Poller | None:
-        version = self._queue_version
-        poller = info.poller
-        if poller is not None and poller.version == version:
-            return poller
+        """The session's prepared callable, rebuilt only when the queues of its graph changed."""
         graph = session.graph
-        queues = [q for q in self.queues() if q.graph_ref() is graph and q.ops is not None]
+        with self.lock:
+            version = self._queue_version
+            poller = info.poller
+            if poller is not None and poller.version == version:
+                return poller
+            queues = [q for q in self._queues.values() if q.graph_ref() is graph and q.ops is not None]
+        if poller is not None and [id(q) for q in poller.queues] == [id(q) for q in queues]:
+            poller.version = version  # queues came and went elsewhere: this graph's are the same
+            return poller
         fetch = None
         if queues:
             tensors = [t for q in queues if q.ops is not None for t in (q.ops.size, q.ops.closed)]
@@ -363,7 +389,7 @@ class TFObjects:
         info.poller = Poller(version, queues, fetch)
         return info.poller
 
-    def _update(self, info: SessionInfo, session: Any, queues: list[QueueInfo], values: Any) -> None:
+    def _update(self, info: SessionInfo, session: Any, queues: list[QueueInfo], values: Any, *, record: bool) -> None:
         now_wall = time.time()
         now = time.monotonic()
         producers: dict[int, list[RunnerInfo]] = {}
@@ -375,10 +401,10 @@ class TFObjects:
                 state = queue.state(info.sid)
                 state.size = int(values[2 * index])
                 state.closed = bool(values[2 * index + 1])
-                state.polled_at = now
-                state.history.append((round(now_wall, 2), state.size))
-                self._count_enqueues(state, producers.get(id(queue), []))
-                state.window.append((now, state.size, state.enqueued))
+                if record:
+                    state.history.append((round(now_wall, 2), state.size))
+                    self._count_enqueues(state, producers.get(id(queue), []))
+                    state.window.append((now, state.size, state.enqueued))
 
     def _count_enqueues(self, state: QueueState, producers: list[RunnerInfo]) -> None:
         """Add the runs that producer threads completed since the last poll (times elements per run)."""
@@ -430,6 +456,7 @@ class TFObjects:
             "session": sid,
             "runners": runners,
             "cell": queue.cell,
+            "preexisting": queue.preexisting,
             "polled": queue.ops is not None,
         }
 
@@ -448,6 +475,7 @@ class TFObjects:
                     "closed": not session_is_open(session),
                     "runner_threads": sum(1 for r in runners if r.session_ref() is session),
                     "cell": info.cell,
+                    "preexisting": info.preexisting,
                 }
             )
         return rows

@@ -51,7 +51,3 @@ class ClassPatches:
                 log.warning("nbcoord: %s was patched again after nbcoord; leaving it", label)
                 foreign.append(label)
         return foreign
-
-    def originals(self) -> dict[str, Any]:
-        """``Class.name`` -> the original attribute, for the patches in place."""
-        return {f"{a.cls.__qualname__}.{a.name}": a.original for a in self._applied}

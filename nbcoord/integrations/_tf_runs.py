@@ -8,8 +8,9 @@ fetches and the start time of the run in flight, and counts completed runs: a fe
 writes the signal number to the wakeup fd whatever the main thread is doing. nbcoord puts its own pipe there,
 passes every byte on to the fd that was there before (asyncio's, if any), and reads it on a watcher thread,
 which asks a callback to cancel the main thread's run. The hook, when that run then fails, raises
-``KeyboardInterrupt`` in the cell instead of TensorFlow's error (or pybind11's "MISMATCH" RuntimeError, which is
-what a run that fails while a KeyboardInterrupt is pending turns into).
+``KeyboardInterrupt`` in the cell instead of TensorFlow's error. Any run that fails while a KeyboardInterrupt is
+pending surfaces as pybind11's "MISMATCH ... REPLACED BY KeyboardInterrupt" RuntimeError; the hook turns that
+back into the KeyboardInterrupt it was.
 """
 
 from __future__ import annotations
@@ -26,55 +27,41 @@ from typing import Any
 
 log = logging.getLogger("nbcoord")
 
+#: What pybind11 says when a run fails while a KeyboardInterrupt is pending: the interrupt is lost in it.
+LOST_INTERRUPT = "REPLACED BY KeyboardInterrupt"
 #: Threads whose name starts with this are nbcoord's own: their runs (polls, stops) are not shown.
 INTERNAL_PREFIX = "nbcoord-"
 
 
 class RunState:
-    """One thread's run in flight (``since`` is 0.0 between runs) and its count of completed runs."""
+    """One thread's run in flight (``run``, None between runs) and its count of completed runs."""
 
-    __slots__ = (
-        "__weakref__",
-        "cancel_message",
-        "cancel_token",
-        "fetches",
-        "ident",
-        "internal",
-        "runs",
-        "session",
-        "since",
-        "targets",
-        "thread_ref",
-    )
+    __slots__ = ("__weakref__", "cancel_message", "cancel_token", "ident", "internal", "run", "runs", "thread_ref")
 
     def __init__(self, thread: threading.Thread) -> None:
         self.thread_ref = weakref.ref(thread)
         self.ident = thread.ident
         self.internal = thread.name.startswith(INTERNAL_PREFIX)
-        self.session: Any = None
-        self.fetches: Any = None
-        self.targets: Any = None
-        self.since = 0.0
+        #: (session, fetch_list, target_list, started): one store per run, read whole by other threads.
+        self.run: tuple[Any, Any, Any, float] | None = None
         self.runs = 0
-        #: The ``since`` of a run that nbcoord cancelled on Interrupt; the hook turns its failure into
+        #: The start time of a run that nbcoord cancelled on Interrupt; the hook turns its failure into
         #: KeyboardInterrupt. A start time identifies one run without a per-run counter.
         self.cancel_token = -1.0
         self.cancel_message = ""
 
     @property
-    def name(self) -> str:
-        thread = self.thread_ref()
-        return thread.name if thread is not None else "?"
+    def since(self) -> float:
+        """When the run in flight started (monotonic), 0.0 between runs."""
+        run = self.run
+        return run[3] if run is not None else 0.0
 
     def current(self) -> RunView | None:
-        """A consistent view of the run in flight, or None (read from another thread)."""
-        since = self.since
-        if since == 0.0:
+        """The run in flight, or None."""
+        run = self.run
+        if run is None:
             return None
-        session, fetches, targets = self.session, self.fetches, self.targets
-        if self.since != since or session is None:
-            return None  # the run ended (and maybe another began) while we read
-        return RunView(self, session, fetches, targets, since)
+        return RunView(self, run[0], run[1], run[2], run[3])
 
 
 @dataclass(frozen=True)
@@ -118,20 +105,17 @@ class RunTracker:
             except AttributeError:
                 state = new_state()
             since = monotonic()
-            state.session = self
-            state.fetches = fetch_list
-            state.targets = target_list
-            state.since = since
+            state.run = (self, fetch_list, target_list, since)
             try:
                 result = original(self, options, feed_dict, fetch_list, target_list, run_metadata)
-            except BaseException:
-                state.since = 0.0
-                state.session = state.fetches = state.targets = None
+            except BaseException as exc:
+                state.run = None
                 if state.cancel_token == since:
                     raise KeyboardInterrupt(state.cancel_message) from None
+                if isinstance(exc, RuntimeError) and LOST_INTERRUPT in str(exc):
+                    raise KeyboardInterrupt from exc  # the Interrupt that pybind11 swallowed
                 raise
-            state.since = 0.0
-            state.session = state.fetches = state.targets = None
+            state.run = None
             state.runs += 1
             return result
 

@@ -30,32 +30,23 @@ from __future__ import annotations
 import gc
 import inspect
 import logging
-import signal
+import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 from .._imports import when_imported
 from .._registry import Owner
-from ._tf_graph import QueueUse, RunAnalyzer, run_op_names
-from ._tf_objects import QueueInfo, QueueState, RunnerInfo, TFObjects, session_is_open
+from ._tf_blocked import BlockedRuns
+from ._tf_graph import RunAnalyzer
+from ._tf_objects import QueueInfo, RunnerInfo, TFObjects, session_is_open
 from ._tf_patches import ClassPatches
-from ._tf_runs import InterruptWatcher, RunState, RunTracker, RunView
+from ._tf_runs import InterruptWatcher, RunTracker
+from ._tf_stopping import RunnerStopping
 
 log = logging.getLogger("nbcoord")
-
-#: A run in flight this long, waiting on a queue, is reported as blocked.
-BLOCKED_AFTER_S = 1.0
-#: A run in flight this long, not waiting on any known queue, is reported as a long run.
-LONG_RUN_S = 10.0
-#: A producer (or consumer) whose run has lasted longer than this is stuck, not progressing.
-PROGRESS_S = 2.0
-#: Snapshots poll sessions whose last poll is older than this.
-SNAPSHOT_POLL_AGE_S = 0.5
-
 
 #: The integration of the loaded extension (one per process), for tests, the bench and debugging.
 _current: TensorFlowIntegration | None = None
@@ -66,7 +57,9 @@ def watch(extension: Any) -> Callable[[], None]:
     global _current
     integration = TensorFlowIntegration(extension)
     _current = integration
-    remove_hook = when_imported("tensorflow", lambda _module: integration.install())
+    already = "tensorflow" in sys.modules
+    # Objects can only predate the integration when TensorFlow was imported before nbcoord was loaded.
+    remove_hook = when_imported("tensorflow", lambda _module: integration.install(scan=already))
 
     def undo() -> None:
         global _current
@@ -83,48 +76,6 @@ def current() -> TensorFlowIntegration | None:
     return _current
 
 
-@dataclass(frozen=True)
-class Blocking:
-    """A queue operation that keeps a run waiting, with what was known when it was found."""
-
-    use: QueueUse
-    queue: QueueInfo
-    state: QueueState | None
-
-
-@dataclass(eq=False)
-class _PreparedClose:
-    runner_ref: weakref.ref[Any]
-    session_ref: weakref.ref[Any]
-    fn: Callable[[], Any]
-
-
-@dataclass(eq=False)
-class _PreparedAll:
-    session_ref: weakref.ref[Any]
-    keys: frozenset[tuple[int, int]]
-    close: _PreparedClose
-
-
-@dataclass(eq=False)
-class _Closes:
-    """What one stop closes: prepared callables, and ops to run per session."""
-
-    prepared: dict[tuple[int, int], _PreparedClose] = field(default_factory=dict)
-    by_session: dict[int, tuple[Any, list[Any]]] = field(default_factory=dict)
-
-    def add(self, session: Any, ops: list[Any]) -> None:
-        self.by_session.setdefault(id(session), (session, []))[1].extend(ops)
-
-
-def _seconds(value: float) -> str:
-    return f"{value:.0f}" if value >= 10 else f"{value:.1f}"
-
-
-def _plural(count: int, word: str) -> str:
-    return f"{count} {word}" if count == 1 else f"{count} {word}s"
-
-
 class TensorFlowIntegration:
     """Patches, sources, stopper and monitor task of the TensorFlow integration, for one extension."""
 
@@ -137,54 +88,53 @@ class TensorFlowIntegration:
         self.patches = ClassPatches()
         self.watcher = InterruptWatcher(self._on_sigint)
         self._undo: list[Callable[[], None]] = []
-        self._closed_types: weakref.WeakKeyDictionary[Any, tuple[type, ...]] = weakref.WeakKeyDictionary()
+        #: TensorFlow classes by name, filled at install (the same dict is shared with the stopping part).
         self._tf: dict[str, Any] = {}
-        #: Prepared closes by (id(runner), id(session)); built and pruned by the monitor tick only.
-        self._prepared: dict[tuple[int, int], _PreparedClose] = {}
-        #: By id(session): one close for all the runners of a session, used when a stop ends them all.
-        self._prepared_all: dict[int, _PreparedAll] = {}
+        self.blocked = BlockedRuns(self.objects, self.tracker, self.analyzer, self.registry)
+        self.stopping = RunnerStopping(self.objects, self.tracker, self.analyzer, self.blocked, self._tf)
         self.active = False
-        self.installed_at: float | None = None
         #: When the watcher last saw SIGINT (monotonic), for tests and the bench.
         self.last_sigint_at = 0.0
 
     # ------------------------------------------------------------------------------------- install / undo
-    def install(self) -> None:
-        """Patch TensorFlow's classes, find existing objects, register source, stopper and monitor task."""
+    def install(self, *, scan: bool = True) -> None:
+        """Patch TensorFlow's classes, find existing objects (``scan``), register source, stopper, monitor task."""
         if self.active:
             return
         try:
-            self._install()
+            self._install(scan)
         except Exception:
             log.warning("nbcoord: the TensorFlow integration could not be installed", exc_info=True)
             self.uninstall()
 
-    def _install(self) -> None:
+    def _install(self, scan: bool) -> None:
         from tensorflow.core.protobuf import config_pb2
         from tensorflow.python.client import session as session_module
         from tensorflow.python.framework import errors
         from tensorflow.python.ops import data_flow_ops
         from tensorflow.python.training import coordinator, queue_runner_impl
 
-        self._tf = {
-            "BaseSession": session_module.BaseSession,
-            "QueueBase": data_flow_ops.QueueBase,
-            "QueueRunner": queue_runner_impl.QueueRunner,
-            "Coordinator": coordinator.Coordinator,
-            "CancelledError": errors.CancelledError,
-            "RunOptions": config_pb2.RunOptions,
-            "CallableOptions": config_pb2.CallableOptions,
-        }
+        self._tf.update(
+            {
+                "BaseSession": session_module.BaseSession,
+                "QueueBase": data_flow_ops.QueueBase,
+                "QueueRunner": queue_runner_impl.QueueRunner,
+                "Coordinator": coordinator.Coordinator,
+                "CancelledError": errors.CancelledError,
+                "RunOptions": config_pb2.RunOptions,
+                "CallableOptions": config_pb2.CallableOptions,
+            }
+        )
         self.active = True
         self._patch_all()
-        self._scan_existing()
+        if scan:
+            self._scan_existing()
         ext = self.extension
         self._undo.append(ext.snapshots.add_source("tensorflow", self._source))
         self._undo.append(ext.stopper.add_stopper("tensorflow", self._stop))
         self._undo.append(ext.monitor.add_task("tensorflow", self.tick))
         if self.watcher.install():
             self._undo.append(self.watcher.uninstall)
-        self.installed_at = time.time()
 
     def uninstall(self) -> None:
         """Undo :meth:`install`: every patched attribute restored, every registration removed."""
@@ -196,11 +146,7 @@ class TensorFlowIntegration:
             except Exception:
                 log.warning("nbcoord: a TensorFlow unload step failed", exc_info=True)
         self.patches.restore()
-        self._prepared.clear()
-        self._prepared_all.clear()
-        for runner, types in list(self._closed_types.items()):
-            runner._queue_closed_exception_types = types
-        self._closed_types.clear()
+        self.stopping.clear()
 
     def _patch_all(self) -> None:
         tf = self._tf
@@ -382,401 +328,43 @@ class TensorFlowIntegration:
         try:
             kept = isinstance(exc, BaseException) and coord._filter_exception(exc) is not None
             if kept and not coord.should_stop() and not coord.joined:
-                thread = threading.current_thread()
-                self._wait_registered(thread)
-                self.registry.thread_failed(thread, exc)
+                # Thread.start queues a thread before it runs, so even one failing at once has its cell here.
+                self.registry.thread_failed(threading.current_thread(), exc)
         except Exception:
             log.warning("nbcoord: could not record a coordinator's exception", exc_info=True)
         return ex
-
-    def _wait_registered(self, thread: threading.Thread, timeout: float = 0.1) -> None:
-        """Give ``Thread.start`` a moment to register a thread that failed right after it started.
-
-        The patched ``Thread.start`` registers a thread once it runs; a worker that fails at once can reach its
-        coordinator first, and its failure would then lose its cell.
-        """
-        if thread is threading.main_thread():
-            return
-        deadline = time.monotonic() + timeout
-        while self.registry.for_thread(thread) is None and time.monotonic() < deadline:
-            time.sleep(0.001)
-
-    def _coordinators_of(self, threads: Iterable[threading.Thread]) -> dict[int, Any]:
-        """Coordinators that coordinate these threads: as runners, registered, or passed to them."""
-        coord_cls = self._tf["Coordinator"]
-        wanted = set(threads)
-        found: dict[int, Any] = {}
-        for thread in wanted:
-            runner = self.objects.runner(thread)
-            coord = runner.coord_ref() if runner is not None and runner.coord_ref is not None else None
-            if coord is not None:
-                found[id(coord)] = coord
-            args = list(getattr(thread, "_args", ()) or ()) + list((getattr(thread, "_kwargs", None) or {}).values())
-            args.append(getattr(getattr(thread, "_target", None), "__self__", None))
-            for value in args:
-                if isinstance(value, coord_cls):
-                    found[id(value)] = value
-        for _info, coord in self.objects.coordinators():
-            registered: Iterable[threading.Thread] = getattr(coord, "_registered_threads", ())
-            if wanted.intersection(registered):
-                found[id(coord)] = coord
-        return found
 
     # -------------------------------------------------------------------------------------------- stops
     def _stop(self, scope: Any) -> None:
         """The stopper: coordinators first, then close the queues, so that the threads end in the join."""
         self._attach_pending()
         threads = [record.thread for record in scope.records if record.thread is not None]
-        self.stop_threads(threads, scope.deadline)
-
-    def stop_threads(self, threads: list[threading.Thread], deadline: float) -> None:
-        """Ask these threads (and every runner thread of their coordinators) to stop; does not join."""
-        coords = self._coordinators_of(threads)
-        for coord in coords.values():
-            try:
-                coord.request_stop()
-            except Exception:
-                log.warning("nbcoord: request_stop failed", exc_info=True)
-        runners = [self.objects.runner(t) for t in threads]
-        group = [r for r in runners if r is not None]
-        group += [
-            r
-            for r in self.objects.runners()
-            if r not in group and r.coord_ref is not None and id(r.coord_ref()) in coords
-        ]
-        closes = _Closes()
-        for runner in group:
-            self._runner_closes(runner, closes)
-        for thread in threads:
-            if self.objects.runner(thread) is None:
-                self._blocked_closes(thread, closes)
-        self._run_closes(closes, deadline)
-
-    def _close_ops(self, runner: Any, session: Any) -> list[Any]:
-        """The ops that end a runner: close its queue, and the queues its enqueue ops read from, cancelling."""
-        ops = [runner.cancel_op]
-        for name in self.analyzer.upstream_queues(session.graph, list(runner.enqueue_ops)):
-            upstream = self.objects.queue_by_op(session.graph, name)
-            if upstream is not None and upstream.ops is not None:
-                ops.append(upstream.ops.close)
-        return ops
-
-    def _runner_closes(self, info: RunnerInfo, closes: _Closes) -> None:
-        qr = info.runner_ref()
-        session = info.session_ref()
-        if qr is None or session is None or not session_is_open(session):
-            return
-        self._treat_cancel_as_closed(qr)
-        key = (id(qr), id(session))
-        prepared = self._prepared.get(key)
-        if prepared is not None and prepared.runner_ref() is qr and prepared.session_ref() is session:
-            closes.prepared[key] = prepared
-        else:
-            closes.add(session, self._close_ops(qr, session))
-
-    def _blocked_closes(self, thread: threading.Thread, closes: _Closes) -> None:
-        """For a thread in scope that is blocked in a run on a queue, the close of that queue."""
-        state = self.tracker.state_of(thread)
-        view = state.current() if state is not None else None
-        if view is None or not session_is_open(view.session):
-            return
-        for blocking in self.blocking(view, fresh=True):
-            if blocking.queue.ops is not None:
-                closes.add(view.session, [blocking.queue.ops.close])
-
-    def _treat_cancel_as_closed(self, runner: Any) -> None:
-        """Make a runner end quietly when its enqueue is cancelled (TensorFlow's own documented option)."""
-        cancelled = self._tf["CancelledError"]
-        types = tuple(runner.queue_closed_exception_types)
-        if cancelled not in types:
-            self._closed_types.setdefault(runner, types)
-            runner._queue_closed_exception_types = (*types, cancelled)
-
-    def _run_closes(self, closes: _Closes, deadline: float) -> None:
-        for prepared in self._combine(closes.prepared):
-            session = prepared.session_ref()
-            if session is None or not session_is_open(session):
-                continue
-            try:
-                prepared.fn()
-            except Exception:
-                log.debug("nbcoord: a prepared close failed (a queue may be closed already)", exc_info=True)
-            self._repoll_soon(session)
-        run_options = self._tf["RunOptions"]
-        for session, ops in closes.by_session.values():
-            unique = list({id(op): op for op in ops}.values())
-            if not unique or not session_is_open(session):
-                continue
-            timeout_ms = max(50, int((deadline - time.monotonic()) * 1000))
-            try:
-                session.run(unique, options=run_options(timeout_in_ms=timeout_ms))
-            except Exception:
-                log.debug("nbcoord: closing queues failed (a queue may be closed already)", exc_info=True)
-            self._repoll_soon(session)
-
-    def _combine(self, prepared: dict[tuple[int, int], _PreparedClose]) -> list[_PreparedClose]:
-        """Use one session-wide close where a stop ends every runner of a session (one step, not one each)."""
-        chosen: list[_PreparedClose] = []
-        covered: set[tuple[int, int]] = set()
-        for sid, whole in list(self._prepared_all.items()):
-            if whole.keys and whole.keys <= prepared.keys() and whole.session_ref() is not None:
-                chosen.append(whole.close)
-                covered |= whole.keys
-                log.debug("nbcoord: one close for every runner of session %#x", sid)
-        chosen += [close for key, close in prepared.items() if key not in covered]
-        return chosen
-
-    def _repoll_soon(self, session: Any) -> None:
-        info = self.objects.session_info(session)
-        if info is not None:
-            info.polled_at = 0.0  # the next snapshot polls again and shows the queues closed
-
-    def _prepare_closes(self) -> None:
-        """Build, off the user's path, one callable per runner and session that closes its queues.
-
-        The first run of a new set of ops builds an executor (tens of ms); ``_make_callable_from_options``
-        builds it now, so that a stop only runs it. Callables are dropped once their runner has no live thread:
-        they hold their session.
-        """
-        live: dict[tuple[int, int], tuple[Any, Any]] = {}
-        for info in self.objects.runners():
-            qr, session = info.runner_ref(), info.session_ref()
-            if qr is not None and session is not None and session_is_open(session):
-                live[(id(qr), id(session))] = (qr, session)
-        for key in [key for key in self._prepared if key not in live]:
-            del self._prepared[key]
-        by_session: dict[int, set[tuple[int, int]]] = {}
-        for key, (qr, session) in live.items():
-            by_session.setdefault(id(session), set()).add(key)
-            if key not in self._prepared:
-                close = self._prepare(qr, session, self._close_ops(qr, session))
-                if close is not None:
-                    self._prepared[key] = close
-        for sid in [sid for sid in self._prepared_all if sid not in by_session]:
-            del self._prepared_all[sid]
-        for sid, keys in by_session.items():
-            if len(keys) < 2 or (sid in self._prepared_all and self._prepared_all[sid].keys == keys):
-                continue
-            qr, session = live[next(iter(keys))]
-            ops = [op for key in sorted(keys) for op in self._close_ops(live[key][0], session)]
-            close = self._prepare(qr, session, ops)
-            if close is not None:
-                self._prepared_all[sid] = _PreparedAll(weakref.ref(session), frozenset(keys), close)
-
-    def _prepare(self, runner: Any, session: Any, ops: list[Any]) -> _PreparedClose | None:
-        options = self._tf["CallableOptions"]()
-        options.target.extend(sorted({op.name for op in ops}))
-        try:
-            fn = session._make_callable_from_options(options)
-        except Exception:
-            log.debug("nbcoord: could not prepare the close of a runner's queues", exc_info=True)
-            return None
-        return _PreparedClose(weakref.ref(runner), weakref.ref(session), fn)
+        self.stopping.stop_threads(threads, scope.deadline)
 
     def before_session_close(self, session: Any) -> None:
         """Stop and join the runner threads bound to a session before it closes (S2)."""
-        if not session_is_open(session):
-            return
-        info = self.objects.session_info(session)
-        if info is not None:
-            info.closing = True
-            if info.lock.acquire(timeout=1.0):  # a poll in flight ends first
-                info.lock.release()
-        me = threading.current_thread()
-        runners = [r for r in self.objects.runners() if r.session_ref() is session and r.thread_ref() is not me]
-        if not runners:
-            return
-        grace = float(self.extension.config.grace_period)
-        deadline = time.monotonic() + max(grace, 0.1)
-        threads = [t for r in runners if (t := r.thread_ref()) is not None]
-        self.stop_threads(threads, deadline)
-        for thread in threads:
-            thread.join(timeout=max(0.0, deadline - time.monotonic()))
-        left = [t.name for t in threads if t.is_alive()]
-        if left:
-            sid = info.sid if info is not None else "?"
-            log.warning("nbcoord: session %s closes with %d runner thread(s) still running: %s", sid, len(left), left)
-
-    # --------------------------------------------------------------------------------------- blocked runs
-    def blocking(self, view: RunView, *, fresh: bool) -> list[Blocking]:
-        """The queue operations that keep this run waiting now (``fresh``: poll the session first)."""
-        session = view.session
-        sinfo = self.objects.session_info(session)
-        if sinfo is None:
-            return []
-        if fresh:
-            self.objects.poll(sinfo)
-        graph = session.graph
-        uses = self.analyzer.queue_uses(graph, run_op_names(view.fetches, view.targets))
-        found: list[Blocking] = []
-        for use in uses:
-            queue = self.objects.queue_by_op(graph, use.queue_op)
-            if queue is None:
-                continue
-            state = queue.states.get(sinfo.sid)
-            if state is None or state.size is None or state.closed:
-                continue
-            count = use.n or 1
-            if use.kind == "dequeue":
-                # A RandomShuffleQueue also keeps min_after_dequeue elements back until it is closed.
-                waiting = state.size - count < queue.min_after_dequeue
-            else:
-                waiting = queue.capacity > 0 and state.size + count > queue.capacity
-            if waiting:
-                found.append(Blocking(use, queue, state))
-        return found
-
-    def _partners(self, blocking: Blocking, session: Any, me: RunState | None) -> tuple[int, int]:
-        """(live, progressing) producers of a blocked dequeue, or consumers of a blocked enqueue."""
-        now = time.monotonic()
-        if blocking.use.kind == "dequeue":
-            live = 0
-            progressing = 0
-            for runner in self.objects.producers(blocking.queue, session):
-                live += 1
-                thread = runner.thread_ref()
-                state = self.tracker.state_of(thread) if thread is not None else None
-                since = state.since if state is not None else 0.0
-                if since == 0.0 or now - since < PROGRESS_S:
-                    progressing += 1
-            return live, progressing
-        live = progressing = 0
-        for view in self.tracker.in_flight():
-            if view.state is me or view.session is not session:
-                continue
-            uses = self.analyzer.queue_uses(session.graph, run_op_names(view.fetches, view.targets))
-            if any(u.kind == "dequeue" and u.queue_op == blocking.queue.name for u in uses):
-                live += 1
-                progressing += int(now - view.since < PROGRESS_S)
-        return live, progressing
-
-    def describe(self, name: str, age: float, blocking: Blocking, session: Any, me: RunState | None) -> str:
-        """The sentence of a blocked run."""
-        queue, state = blocking.queue, blocking.state
-        size = "?" if state is None or state.size is None else str(state.size)
-        held = f"{size} of {queue.capacity} elements" if queue.capacity > 0 else f"{size} elements, unbounded"
-        live, progressing = self._partners(blocking, session, me)
-        if blocking.use.kind == "dequeue":
-            partners = "no live producer" if live == 0 else _plural(live, "live producer")
-        else:
-            partners = "no thread dequeuing" if live == 0 else _plural(live, "thread") + " dequeuing"
-        if live and not progressing:
-            partners += ", all stuck"
-        where = f"{blocking.use.describe()} of queue `{queue.name}`"
-        return f"{name} blocked {_seconds(age)} s in {where} ({held}, {partners})"
-
-    def blocked_rows(self) -> list[dict[str, Any]]:
-        """One row per run in flight that waits on a queue (or runs unusually long)."""
-        rows: list[dict[str, Any]] = []
-        now, wall = time.monotonic(), time.time()
-        for view in self.tracker.in_flight():
-            age = now - view.since
-            if age < BLOCKED_AFTER_S:
-                continue
-            thread = view.state.thread_ref()
-            if thread is None:
-                continue
-            record = self.registry.for_thread(thread)
-            sinfo = self.objects.session_info(view.session)
-            try:
-                found = self.blocking(view, fresh=False)
-            except Exception:
-                log.debug("nbcoord: could not analyse a run in flight", exc_info=True)
-                found = []
-            row: dict[str, Any] = {
-                "thread": thread.name,
-                "tid": record.tid if record is not None else None,
-                "since": round(wall - age, 2),
-                "seconds": round(age, 1),
-                "session": sinfo.sid if sinfo is not None else None,
-            }
-            if found:
-                first = found[0]
-                row.update(
-                    queue=first.queue.qid,
-                    queue_name=first.queue.name,
-                    op=first.use.describe(),
-                    text=self.describe(thread.name, age, first, view.session, view.state),
-                )
-            elif age >= LONG_RUN_S:
-                names = ", ".join(run_op_names(view.fetches, view.targets)[:3])
-                row.update(
-                    queue=None,
-                    queue_name=None,
-                    op="run",
-                    text=f"{thread.name} in a session run for {_seconds(age)} s, not waiting on a known queue "
-                    f"(running {names})",
-                )
-            else:
-                continue
-            rows.append(row)
-        return rows
+        self.stopping.before_session_close(session, float(self.extension.config.grace_period))
 
     # ------------------------------------------------------------------------------------------ interrupt
     def _on_sigint(self) -> None:
         """On the watcher thread: cancel the main thread's run if it is blocked on a queue nobody serves."""
         self.last_sigint_at = time.monotonic()
-        if not self.active or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-            return
-        state = self.tracker.state_of(threading.main_thread())
-        view = state.current() if state is not None else None
-        if state is None or view is None or not session_is_open(view.session):
-            return
-        session = view.session
-        found = self.blocking(view, fresh=True)
-        resets = [b for b in found if b.queue.ops is not None and b.queue.ops.reset is not None]
-        resets = [b for b in resets if self._partners(b, session, state)[1] == 0]
-        if not resets:
-            log.info("nbcoord: Interrupt during a session run that is not stuck on a queue; it ends with the run")
-            return
-        age = time.monotonic() - view.since
-        first = resets[0]
-        dropped = sum(b.state.size or 0 for b in resets if b.state is not None)
-        sentence = self.describe("the main thread", age, first, session, state)
-        reset_words = f"reset ({_plural(dropped, 'element')} dropped)" if dropped else "reset"
-        state.cancel_message = (
-            f"nbcoord cancelled the session run: {sentence}. "
-            f"Queue `{first.queue.name}` was {reset_words}; the session and its queues remain usable."
-        )
-        state.cancel_token = view.since
-        if state.since != view.since:
-            return  # the run ended by itself meanwhile
-        ops = [b.queue.ops.reset for b in resets if b.queue.ops is not None]
-        try:
-            session.run(ops, options=self._tf["RunOptions"](timeout_in_ms=2000))
-        except Exception:
-            log.warning("nbcoord: could not reset the queue blocking the main thread", exc_info=True)
-            return
-        sinfo = self.objects.session_info(session)
-        if sinfo is not None:
-            self.objects.poll(sinfo)  # the next step creates the queue afresh: do it now, off the user's time
+        if self.active:
+            self.blocked.cancel_main_run(self._tf["RunOptions"])
 
     # ------------------------------------------------------------------------------------ source and tick
     def _source(self) -> dict[str, Any]:
         self._attach_pending()
-        self.objects.poll_all(max_age=SNAPSHOT_POLL_AGE_S)
+        self.objects.poll_all(record=False, wait=0.1)
         return {
             "queues": self.objects.queue_rows(),
-            "blocked_runs": self.blocked_rows(),
+            "blocked_runs": self.blocked.rows(),
             "sessions": self.objects.session_rows(),
         }
 
     def tick(self) -> None:
         """The monitor task (about once a second): owners, polls, prepared closes. Tests and the bench call it."""
         self._attach_pending()
-        self.objects.poll_all()
-        self._prepare_closes()
-        self._restore_closed_types()
-
-    def _restore_closed_types(self) -> None:
-        """Give runners whose threads have all ended their own queue-closed exception types back."""
-        busy = {id(r.runner_ref()) for r in self.objects.runners()}
-        for runner, types in list(self._closed_types.items()):
-            if id(runner) not in busy:
-                runner._queue_closed_exception_types = types
-                self._closed_types.pop(runner, None)
-
-    # ------------------------------------------------------------------------------------------ for tests
-    def patched_attributes(self) -> dict[str, Any]:
-        """``Class.name`` -> original, for every attribute patched now."""
-        return self.patches.originals()
+        self.objects.poll_all(record=True, wait=0.0)
+        self.stopping.prepare_closes()
+        self.stopping.restore_closed_types()

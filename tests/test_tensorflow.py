@@ -1,0 +1,721 @@
+"""The TensorFlow integration, scenario by scenario (shared/SCENARIOS.md S1-S8), with real TensorFlow in graph mode.
+
+Three real kernels: one shared by most tests (nbcoord loaded first, TensorFlow imported later in the same cell
+as the first Session), one where TensorFlow and its objects exist before the load (found by the scan; unload
+restores every patch; the same scenario without nbcoord prints the errors nbcoord prevents), and one that is
+shut down with live non-daemon runner threads. Each test on the shared kernel builds its own graph and stops
+what it started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import CellResult, Kernel, wait_until
+
+pytestmark = [pytest.mark.kernel, pytest.mark.tensorflow]
+
+KERNEL_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2"}
+
+#: Errors that runner threads outliving their session (or stopped badly) print.
+RUNNER_ERRORS = (
+    "closed Session",
+    "Session has been closed",
+    "Exception in QueueRunner",
+    "Run call was cancelled",
+    "Traceback",
+    "CancelledError",
+    "is closed",
+)
+
+
+def run(kernel: Kernel, code: str, **kwargs: Any) -> CellResult:
+    return kernel.run(textwrap.dedent(code), **kwargs)
+
+
+def value(kernel: Kernel, expression: str) -> Any:
+    return kernel.evaluate(expression)
+
+
+def assert_quiet(result: CellResult) -> None:
+    found = [word for word in RUNNER_ERRORS if word in result.text]
+    assert not found, f"runner errors printed ({found}):\n{result.text}"
+
+
+def collect_interrupted(kernel: Kernel, msg_id: str) -> CellResult:
+    """Collect a cell that was interrupted; if the kernel hangs instead, fail with every thread's stack."""
+    try:
+        return kernel.collect(msg_id, timeout=20)
+    except AssertionError as error:
+        dump = Path(kernel._tmp.name) / "stacks.txt"
+        os.kill(kernel.pid, signal.SIGUSR1)  # faulthandler, registered by the fixtures
+        wait_until(lambda: dump.exists() and dump.stat().st_size > 0, 5, what="the stack dump")
+        raise AssertionError(f"{error}\nkernel stacks:\n{dump.read_text()}") from None
+
+
+def start_kernel() -> Kernel:
+    """A kernel with nbcoord's test diagnostics: SIGUSR1 dumps every thread's stack to stacks.txt."""
+    k = Kernel(env=KERNEL_ENV)
+    run(
+        k,
+        f"""
+        import faulthandler as _faulthandler, signal as _signal
+        _stacks = open({str(Path(k._tmp.name) / "stacks.txt")!r}, "w")
+        _faulthandler.register(_signal.SIGUSR1, file=_stacks, all_threads=True)
+        """,
+    )
+    return k
+
+
+@pytest.fixture(scope="module")
+def shared_kernel() -> Iterator[Kernel]:
+    """One kernel, nbcoord loaded, shared by the tests of this module that can share it."""
+    k = start_kernel()
+    try:
+        run(k, "%load_ext nbcoord")
+        yield k
+    finally:
+        k.close()
+
+
+@pytest.fixture(scope="module")
+def tf_setup(shared_kernel: Kernel) -> tuple[Kernel, dict[str, Any]]:
+    """The shared kernel once TensorFlow is imported there, in the same cell as the first Session."""
+    kernel = shared_kernel
+    result = run(
+        kernel,
+        """
+        import json, os, sys, threading, time
+        import numpy as np
+        import nbcoord
+        from nbcoord import _imports
+        import tensorflow as tf
+        tf.compat.v1.disable_eager_execution()
+        tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
+        q0 = tf.compat.v1.FIFOQueue(7, tf.float32, name="first")
+        sess0 = tf.compat.v1.Session()
+        sess0.run(q0.enqueue(1.0))
+        snap = nbcoord.snapshot()
+        print("@@" + json.dumps({
+            "sessions": snap["sessions"],
+            "queues": snap["queues"],
+            "hook_left": _imports.hook_installed(),
+        }))
+        sess0.close()
+        """,
+    )
+    return kernel, marked_json(result)
+
+
+@pytest.fixture(scope="module")
+def tf_kernel(tf_setup: tuple[Kernel, dict[str, Any]]) -> Kernel:
+    return tf_setup[0]
+
+
+def marked_json(result: CellResult) -> Any:
+    """The JSON a cell printed after ``@@``."""
+    line = next(line for line in result.stdout.splitlines() if line.startswith("@@"))
+    return json.loads(line[2:])
+
+
+def fresh_graph(kernel: Kernel) -> None:
+    run(kernel, "tf.compat.v1.reset_default_graph()")
+
+
+def stop_all(kernel: Kernel) -> dict[str, Any]:
+    report: dict[str, Any] = value(kernel, "nbcoord.stop_all(grace=2.0)")
+    return report
+
+
+# ------------------------------------------------------------------------------------------ registration
+def test_loading_does_not_import_tensorflow(shared_kernel: Kernel) -> None:
+    """Runs before any test imports TensorFlow in the shared kernel (tests run in file order)."""
+    hooked = "__import__('nbcoord')._imports.hook_installed()"
+    assert value(shared_kernel, "'tensorflow' in __import__('sys').modules") is False
+    assert value(shared_kernel, hooked) is True
+    run(shared_kernel, "%unload_ext nbcoord")
+    assert value(shared_kernel, hooked) is False, "unload removes the post-import hook"
+    run(shared_kernel, "%load_ext nbcoord")
+    assert value(shared_kernel, hooked) is True
+
+
+def test_tensorflow_imported_after_load_in_the_same_cell_as_the_first_session(
+    tf_setup: tuple[Kernel, dict[str, Any]],
+) -> None:
+    first = tf_setup[1]
+    assert [s["closed"] for s in first["sessions"]] == [False]
+    (queue,) = first["queues"]
+    assert (queue["name"], queue["capacity"], queue["size"], queue["closed"]) == ("first", 7, 1, False)
+    assert queue["session"] == first["sessions"][0]["id"]
+    assert queue["cell"] == first["sessions"][0]["cell"] is not None
+    assert first["hook_left"] is False, "the post-import finder must leave sys.meta_path once it fired"
+
+
+def test_polling_ops_are_built_once_outside_the_users_context(tf_kernel: Kernel) -> None:
+    fresh_graph(tf_kernel)
+    result = run(
+        tf_kernel,
+        """
+        counter = tf.compat.v1.get_variable("counter", initializer=0, use_resource=True)
+        step = counter.assign_add(1)
+        with tf.control_dependencies([step]), tf.name_scope("user_scope"):
+            q = tf.compat.v1.FIFOQueue(5, tf.float32, name="under_deps")
+        graph = tf.compat.v1.get_default_graph()
+        ours = [op for op in graph.get_operations() if op.name.startswith("nbcoord/")]
+        sess = tf.compat.v1.Session()
+        before = len(graph.get_operations())
+        for _ in range(3):
+            nbcoord.snapshot()
+        print("@@" + json.dumps({
+            "ops": [[op.name, op.type, step.op in op.control_inputs] for op in ours],
+            "grown": len(graph.get_operations()) - before,
+        }))
+        sess.close()
+        """,
+    )
+    built = marked_json(result)
+    types = sorted(op_type for _name, op_type, _deps in built["ops"])
+    assert types == ["DestroyResourceOp", "QueueCloseV2", "QueueIsClosedV2", "QueueSizeV2"], built
+    assert all(name.startswith("nbcoord/user_scope_under_deps_") for name, _t, _d in built["ops"]), built
+    assert not any(deps for _n, _t, deps in built["ops"]), "no op of nbcoord's takes the user's control dependency"
+    assert built["grown"] == 0, "polling adds nothing to the graph"
+
+
+# ------------------------------------------------------------------------------------------------- S1
+def submit_blocked(kernel: Kernel, tmp_path: Path, statement: str) -> tuple[str, list[dict[str, Any]]]:
+    """Start a cell whose ``statement`` blocks in a session run; return its msg_id once the snapshot says so.
+
+    A thread in the kernel waits for the blocked run to appear in the snapshot and writes the rows to a file
+    (the kernel cannot answer requests while the cell runs). The cell prints how long the KeyboardInterrupt
+    took to arrive after the watcher saw SIGINT.
+    """
+    blocked = tmp_path / "blocked.json"
+    cell = kernel.submit(
+        textwrap.dedent(
+            f"""
+            def spy():
+                while not (rows := nbcoord.snapshot()["blocked_runs"]):
+                    time.sleep(0.02)
+                with open({str(blocked)!r}, "w") as f:
+                    json.dump(rows, f)
+            threading.Thread(target=spy, name="spy", daemon=True).start()
+            try:
+                {statement}
+            except KeyboardInterrupt:
+                integration = nbcoord.integrations.tensorflow.current()
+                print(f"@@latency {{time.monotonic() - integration.last_sigint_at:.4f}}")
+                raise
+            """
+        )
+    )
+    wait_until(lambda: blocked.exists() and blocked.stat().st_size > 0, 30, what="the blocked run in the snapshot")
+    return cell, json.loads(blocked.read_text())
+
+
+def test_s1_blocked_dequeue_is_explained_and_interrupt_ends_it(tf_kernel: Kernel, tmp_path: Path) -> None:
+    fresh_graph(tf_kernel)
+    run(
+        tf_kernel,
+        """
+        q = tf.compat.v1.FIFOQueue(100, tf.float32, name="input")
+        enq = q.enqueue(tf.constant(1.0))  # an enqueue op alone is not a runner: nothing feeds the queue
+        deq = q.dequeue()
+        sess = tf.compat.v1.Session()
+        tf.compat.v1.train.start_queue_runners(sess)
+        """,
+    )
+    cell, rows = submit_blocked(tf_kernel, tmp_path, "sess.run(deq)")
+    (row,) = rows
+    assert row["thread"] == "MainThread"
+    assert row["queue_name"] == "input" and row["op"] == "dequeue"
+    assert "MainThread blocked" in row["text"]
+    assert "in dequeue of queue `input` (0 of 100 elements, no live producer)" in row["text"]
+
+    tf_kernel.interrupt()
+    result = collect_interrupted(tf_kernel, cell)
+    assert result.status == "error"
+    assert result.errors[0]["ename"] == "KeyboardInterrupt"
+    assert "queue `input`" in result.errors[0]["evalue"]
+    print("interrupt to KeyboardInterrupt in the cell:", result.stdout.strip())
+    # The session and the queue are still usable.
+    after = value(tf_kernel, "[float(sess.run(q.enqueue(5.0)) or sess.run(deq)), int(sess.run(q.size()))]")
+    assert after == [5.0, 0]
+    run(tf_kernel, "sess.close()")
+
+
+def test_interrupt_ends_a_main_thread_blocked_enqueuing_into_a_full_queue(tf_kernel: Kernel, tmp_path: Path) -> None:
+    fresh_graph(tf_kernel)
+    run(
+        tf_kernel,
+        """
+        q = tf.compat.v1.FIFOQueue(3, tf.float32, name="nobody_reads")
+        enq, deq = q.enqueue(1.0), q.dequeue()
+        sess = tf.compat.v1.Session()
+        """,
+    )
+    cell, rows = submit_blocked(tf_kernel, tmp_path, "for _ in range(4): sess.run(enq)")
+    assert "in enqueue of queue `nobody_reads` (3 of 3 elements, no thread dequeuing)" in rows[0]["text"]
+    tf_kernel.interrupt()
+    result = collect_interrupted(tf_kernel, cell)
+    assert result.errors and result.errors[0]["ename"] == "KeyboardInterrupt"
+    assert "(3 elements dropped)" in result.errors[0]["evalue"]
+    assert value(tf_kernel, "[sess.run(enq), int(sess.run(q.size())), float(sess.run(deq))]") == [None, 1, 1.0]
+    run(tf_kernel, "sess.close()")
+
+
+# ------------------------------------------------------------------------------------------------- S2
+def test_s2_closing_a_with_session_stops_its_runners_quietly(tf_kernel: Kernel) -> None:
+    fresh_graph(tf_kernel)
+    result = run(
+        tf_kernel,
+        """
+        q = tf.compat.v1.FIFOQueue(10, tf.float32, name="with_queue")
+        enq = q.enqueue(tf.random.uniform([]))
+        tf.compat.v1.train.add_queue_runner(tf.compat.v1.train.QueueRunner(q, [enq] * 2))
+        with tf.compat.v1.Session() as sess:
+            threads = tf.compat.v1.train.start_queue_runners(sess)  # no coordinator
+            got = sess.run(q.dequeue())
+        print("@@alive", sum(t.is_alive() for t in threads), len(threads))
+        """,
+    )
+    assert "@@alive 0 2" in result.stdout
+    assert_quiet(result)
+    later = run(tf_kernel, "print('next cell')")
+    assert_quiet(later)
+    assert "failed" not in later.stderr, later.stderr
+
+
+def test_s2_with_a_coordinator_the_join_after_the_block_is_prompt(tf_kernel: Kernel) -> None:
+    fresh_graph(tf_kernel)
+    result = run(
+        tf_kernel,
+        """
+        q = tf.compat.v1.FIFOQueue(10, tf.float32, name="with_coord")
+        qr = tf.compat.v1.train.QueueRunner(q, [q.enqueue(tf.random.uniform([]))] * 2)
+        coord = tf.compat.v1.train.Coordinator()
+        with tf.compat.v1.Session() as sess:
+            threads = qr.create_threads(sess, coord=coord, start=True)
+            sess.run(q.dequeue())
+        coord.join(threads, stop_grace_period_secs=5)
+        print("@@alive", sum(t.is_alive() for t in threads), len(threads), coord.should_stop())
+        """,
+    )
+    assert "@@alive 0 3 True" in result.stdout
+    assert_quiet(result)
+
+
+# ------------------------------------------------------------------------------------------------- S3
+def test_s3_join_without_stop_is_rescued_by_nbcoord_stop(tf_kernel: Kernel, tmp_path: Path) -> None:
+    fresh_graph(tf_kernel)
+    run(
+        tf_kernel,
+        """
+        q = tf.compat.v1.FIFOQueue(5, tf.float32, name="forever")
+        qr = tf.compat.v1.train.QueueRunner(q, [q.enqueue(tf.random.uniform([]))] * 2)
+        sess = tf.compat.v1.Session()
+        threads = qr.create_threads(sess, start=True)  # no coordinator: nothing will ever ask them to stop
+        """,
+    )
+    # The cell hangs in join(); while it does, `%nbcoord stop` runs off the main thread, as the panel's Stop
+    # button runs it (the kernel reads no new cell while one runs). A signal is not used: a thread blocked in
+    # join() only wakes for SIGINT when the kernel delivers it to the main thread.
+    marker, trigger = tmp_path / "joining", tmp_path / "stop"
+    hung = tf_kernel.submit(
+        textwrap.dedent(
+            f"""
+            def rescue():
+                while not os.path.exists({str(trigger)!r}):
+                    time.sleep(0.01)
+                get_ipython().run_line_magic("nbcoord", "stop")
+            rescuer = threading.Thread(target=rescue, name="rescuer")
+            rescuer.start()
+            open({str(marker)!r}, "w").close()
+            for t in threads:
+                t.join()
+            rescuer.join()
+            print("@@joined", [t.is_alive() for t in threads])
+            sess.close()
+            """
+        )
+    )
+    wait_until(marker.exists, 20, what="the cell to reach the join")
+    trigger.touch()
+    result = collect_interrupted(tf_kernel, hung)
+    assert "@@joined [False, False]" in result.stdout, result.text
+    assert "2 stopped, 0 still alive" in result.stdout, result.stdout
+    assert_quiet(result)
+
+
+# ------------------------------------------------------------------------------------------------- S4
+def test_s4_the_coordinator_pattern_still_works(tf_kernel: Kernel) -> None:
+    fresh_graph(tf_kernel)
+    result = run(
+        tf_kernel,
+        """
+        q = tf.compat.v1.FIFOQueue(20, tf.float32, name="s4")
+        qr = tf.compat.v1.train.QueueRunner(q, [q.enqueue(tf.random.uniform([]))] * 3)
+        sess = tf.compat.v1.Session()
+        coord = tf.compat.v1.train.Coordinator()
+        threads = qr.create_threads(sess, coord=coord, start=True)
+        for _ in range(20):
+            sess.run(q.dequeue())
+        coord.request_stop()
+        coord.join(threads)
+        print("@@alive", sum(t.is_alive() for t in threads))
+        sess.close()
+        """,
+    )
+    assert "@@alive 0" in result.stdout
+    assert_quiet(result)
+
+
+# ------------------------------------------------------------------------------------------- chained
+def test_chained_pipeline_stops_within_the_grace_period(tf_kernel: Kernel) -> None:
+    fresh_graph(tf_kernel)
+    run(
+        tf_kernel,
+        """
+        files = tf.compat.v1.FIFOQueue(4, tf.string, name="files")
+        floats = tf.compat.v1.FIFOQueue(4, tf.float32, name="floats")
+        orphan = tf.compat.v1.FIFOQueue(4, tf.float32, name="orphan")  # nobody feeds it
+        reader = tf.compat.v1.train.QueueRunner(files, [files.enqueue(tf.constant("a.csv"))])
+        parse = tf.strings.length(files.dequeue())
+        preprocess = tf.compat.v1.train.QueueRunner(floats, [floats.enqueue(tf.cast(parse, tf.float32))] * 2)
+        starved = tf.compat.v1.train.QueueRunner(floats, [floats.enqueue(orphan.dequeue())])
+        sess = tf.compat.v1.Session()
+        threads = [t for r in (reader, preprocess, starved) for t in r.create_threads(sess, start=True)]
+        print([float(sess.run(floats.dequeue())) for _ in range(3)])
+        """,
+    )
+    report = value(tf_kernel, "nbcoord.stop_all(grace=1.0)")
+    assert report["alive"] == [], report["alive"]
+    assert len(report["stopped"]) == 4
+    assert report["took_s"] < report["grace"]
+    assert value(tf_kernel, "[t.is_alive() for t in threads]") == [False] * 4
+    quiet = run(tf_kernel, "sess.close(); print('closed')")
+    assert_quiet(quiet)
+
+
+# ------------------------------------------------------------------------------------------------- S5
+def test_s5_an_exception_in_a_worker_reaches_coord_join_with_its_cell(tf_kernel: Kernel) -> None:
+    started = run(
+        tf_kernel,
+        """
+        coord = tf.compat.v1.train.Coordinator()
+        def worker():
+            try:
+                raise ValueError("worker failed")
+            except Exception as e:
+                coord.request_stop(e)
+        w = threading.Thread(target=worker, name="worker-1")
+        w.start()
+        try:
+            coord.join([w])
+        except ValueError as e:
+            print("@@joined", e)
+        """,
+    )
+    assert "@@joined worker failed" in started.stdout
+    announced = run(tf_kernel, "print('next')")
+    assert "worker-1" in announced.stderr and "worker failed" in announced.stderr
+    failure = value(tf_kernel, "[f for f in nbcoord.snapshot()['failures'] if f['thread_name'] == 'worker-1'][-1]")
+    assert failure["exc_type"] == "ValueError" and "worker failed" in failure["traceback"]
+    assert failure["cell"] is not None and f"cell [{failure['cell']}]" in announced.stderr
+
+
+def test_s5_request_stop_outside_except_is_passed_on_not_a_type_error(tf_kernel: Kernel) -> None:
+    result = run(
+        tf_kernel,
+        """
+        coord = tf.compat.v1.train.Coordinator()
+        coord.request_stop(ValueError("outside an except block"))  # TensorFlow 2.21 alone: TypeError here
+        print("@@stop", coord.should_stop())
+        try:
+            coord.join([])
+        except ValueError as e:
+            print("@@join", type(e).__name__, e)
+        """,
+    )
+    assert "@@stop True" in result.stdout
+    assert "@@join ValueError outside an except block" in result.stdout
+
+
+def test_s5_a_failing_runner_stops_the_group_and_join_reraises(tf_kernel: Kernel) -> None:
+    fresh_graph(tf_kernel)
+    result = run(
+        tf_kernel,
+        """
+        def bad():
+            raise RuntimeError("bad record")
+        q = tf.compat.v1.FIFOQueue(10, tf.float32, name="bad_input")
+        good = q.enqueue(tf.random.uniform([]))
+        failing = q.enqueue(tf.compat.v1.py_func(bad, [], tf.float32, stateful=True))
+        qr = tf.compat.v1.train.QueueRunner(q, [good, failing])
+        sess = tf.compat.v1.Session()
+        coord = tf.compat.v1.train.Coordinator()
+        threads = qr.create_threads(sess, coord=coord, start=True)
+        try:
+            coord.join(threads, stop_grace_period_secs=5)
+        except Exception as e:
+            print("@@join", type(e).__name__, "bad record" in str(e))
+        print("@@alive", sum(t.is_alive() for t in threads))
+        sess.close()
+        """,
+    )
+    assert "@@join UnknownError True" in result.stdout or "@@join InvalidArgumentError True" in result.stdout, (
+        result.stdout
+    )
+    assert "@@alive 0" in result.stdout
+    announced = run(tf_kernel, "print('next')")
+    assert "QueueRunnerThread-bad_input" in announced.stderr, announced.stderr
+    failures = value(tf_kernel, "[f['thread_name'] for f in nbcoord.snapshot()['failures'] if 'bad' in f['message']]")
+    assert any(name.startswith("QueueRunnerThread-bad_input") for name in failures), failures
+
+
+# ------------------------------------------------------------------------------------------------- S6
+def test_s6_fill_levels_of_two_queues_change_over_time(tf_kernel: Kernel) -> None:
+    fresh_graph(tf_kernel)
+    run(tf_kernel, "%nbcoord config monitor_interval=0.1")
+    try:
+        run(
+            tf_kernel,
+            """
+            def slow_one():
+                time.sleep(0.01)
+                return np.float32(1.0)
+            filling = tf.compat.v1.FIFOQueue(1000, tf.float32, shapes=[[]], name="filling")
+            draining = tf.compat.v1.FIFOQueue(1000, tf.float32, shapes=[[]], name="draining")
+            qr = tf.compat.v1.train.QueueRunner(
+                filling, [filling.enqueue(tf.compat.v1.py_func(slow_one, [], tf.float32, stateful=True))]
+            )
+            sess = tf.compat.v1.Session()
+            sess.run(draining.enqueue_many([tf.zeros([300])]))
+            coord = tf.compat.v1.train.Coordinator()
+            threads = qr.create_threads(sess, coord=coord, start=True)
+            take, left = draining.dequeue(), draining.size()
+            def consumer():
+                while not coord.should_stop() and sess.run(left) > 0:
+                    sess.run(take)
+                    time.sleep(0.005)
+            drainer = threading.Thread(target=consumer, name="consumer")
+            drainer.start()
+            """,
+        )
+
+        def histories() -> dict[str, list[int]]:
+            queues = value(tf_kernel, "nbcoord.snapshot()['queues']")
+            sizes = {q["name"]: [point[1] for point in q["history"]] for q in queues}
+            if all(len(sizes.get(name, [])) >= 8 for name in ("filling", "draining")):
+                return sizes
+            return {}
+
+        sizes = wait_until(histories, 30, interval=0.2, what="eight polls of both queues")
+        filling, draining = sizes["filling"], sizes["draining"]
+        assert filling == sorted(filling) and filling[-1] > filling[0], filling
+        assert draining == sorted(draining, reverse=True) and draining[-1] < draining[0], draining
+        rows = {q["name"]: q for q in value(tf_kernel, "nbcoord.snapshot()['queues']")}
+        assert rows["filling"]["enqueue_rate"] > 0 and rows["filling"]["runners"] == 1
+        assert rows["draining"]["runners"] == 0
+        report = run(tf_kernel, "%nbcoord")
+        assert "filling:" in report.stdout and "of 1000" in report.stdout
+    finally:
+        run(tf_kernel, "coord.request_stop(); coord.join(threads + [drainer]); sess.close()")
+        run(tf_kernel, "%nbcoord config monitor_interval=1.0")
+
+
+# ------------------------------------------------------------------------------------------------- S7
+def test_s7_the_report_names_runner_threads_their_owners_and_queues(tf_kernel: Kernel) -> None:
+    fresh_graph(tf_kernel)
+    run(
+        tf_kernel,
+        """
+        q = tf.compat.v1.FIFOQueue(10, tf.float32, name="leaky")
+        qr = tf.compat.v1.train.QueueRunner(q, [q.enqueue(tf.random.uniform([]))] * 2)
+        sess = tf.compat.v1.Session()
+        threads = qr.create_threads(sess, start=True)
+        """,
+    )
+    cell = value(
+        tf_kernel, "threads and [t['cell'] for t in nbcoord.snapshot()['threads'] if t['name'] == threads[0].name][0]"
+    )
+    wait_until(lambda: value(tf_kernel, "int(sess.run(q.size()))") == 10, 20, what="the queue to fill")
+    report = run(tf_kernel, "%nbcoord").stdout
+    assert f"Cell [{cell}]" in report
+    assert "QueueRunnerThread-leaky-leaky_enqueue" in report
+    assert "owner: queue `leaky`, QueueRunner `leaky`, Session s" in report
+    assert "leaky: 10 of 10 (open" in report
+    blocked = value(tf_kernel, "nbcoord.snapshot()['blocked_runs']")
+    assert blocked == [] or all("enqueue of queue `leaky` (10 of 10 elements" in b["text"] for b in blocked)
+    quiet = run(tf_kernel, "sess.close(); print([t.is_alive() for t in threads])")
+    assert "[False, False]" in quiet.stdout
+    assert_quiet(quiet)
+
+
+# ------------------------------------------------------------------------------------------------- S8
+def test_s8_a_stuck_runner_is_reported_and_stopping_it_stops_its_coordinator_group(tf_kernel: Kernel) -> None:
+    fresh_graph(tf_kernel)
+    run(
+        tf_kernel,
+        """
+        a = tf.compat.v1.FIFOQueue(3, tf.float32, name="group_a")
+        b = tf.compat.v1.FIFOQueue(3, tf.float32, name="group_b")
+        runners = [tf.compat.v1.train.QueueRunner(x, [x.enqueue(tf.random.uniform([]))] * 2) for x in (a, b)]
+        sess = tf.compat.v1.Session()
+        coord = tf.compat.v1.train.Coordinator()
+        threads = [t for r in runners for t in r.create_threads(sess, coord=coord, start=True)]
+        """,
+    )
+
+    def stuck() -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = value(tf_kernel, "nbcoord.snapshot()['blocked_runs']")
+        return rows if len(rows) == 4 else []
+
+    rows = wait_until(stuck, 20, interval=0.2, what="four runner threads blocked on full queues")
+    assert all("(3 of 3 elements, no thread dequeuing)" in row["text"] for row in rows), rows
+    tid = next(row["tid"] for row in rows if row["queue_name"] == "group_a")
+    stop = run(tf_kernel, f"%nbcoord stop --thread {tid}")
+    assert "1 stopped, 0 still alive" in stop.stdout, stop.stdout
+    result = run(
+        tf_kernel,
+        """
+        coord.join(threads, stop_grace_period_secs=5)
+        print("@@group", coord.should_stop(), sum(t.is_alive() for t in threads), len(threads))
+        sess.close()
+        """,
+    )
+    assert "@@group True 0 6" in result.stdout
+    assert_quiet(result)
+
+
+# ------------------------------------------------------------------------------ MonitoredTrainingSession
+def test_monitored_training_session_with_a_finalized_graph(tf_kernel: Kernel) -> None:
+    fresh_graph(tf_kernel)
+    result = run(
+        tf_kernel,
+        """
+        q = tf.compat.v1.FIFOQueue(50, tf.float32, shapes=[[]], name="mts_input")
+        tf.compat.v1.train.add_queue_runner(
+            tf.compat.v1.train.QueueRunner(q, [q.enqueue(tf.random.uniform([]))] * 2)
+        )
+        step = tf.compat.v1.train.get_or_create_global_step()
+        train = tf.group(tf.compat.v1.assign_add(step, 1), q.dequeue_many(4))
+        with tf.compat.v1.train.MonitoredTrainingSession() as mon:
+            for _ in range(20):
+                mon.run(train)
+            final = tf.compat.v1.get_default_graph().finalized
+            rows = [r for r in nbcoord.snapshot()["queues"] if r["name"] == "mts_input"]
+            runners = [t for t in threading.enumerate() if t.name.startswith("QueueRunnerThread-mts_input")]
+        print("@@" + json.dumps({"final": final, "rows": rows, "runners": len(runners),
+                                 "alive": sum(t.is_alive() for t in runners)}))
+        """,
+    )
+    mts = marked_json(result)
+    assert mts["final"] is True
+    (row,) = mts["rows"]
+    assert row["size"] is not None and row["capacity"] == 50 and row["runners"] == 2
+    assert (mts["runners"], mts["alive"]) == (3, 0)
+    assert_quiet(result)
+
+
+# ------------------------------------------------------------------------- existing objects and unload
+@pytest.fixture(scope="module")
+def preloaded() -> Iterator[Kernel]:
+    """A kernel where TensorFlow and its objects exist before nbcoord is loaded."""
+    k = Kernel(env=KERNEL_ENV)
+    try:
+        run(
+            k,
+            """
+            import json, signal, sys, threading
+            import tensorflow as tf
+            from tensorflow.python.client.session import BaseSession
+            from tensorflow.python.ops.data_flow_ops import QueueBase
+            from tensorflow.python.training.queue_runner_impl import QueueRunner
+            from tensorflow.python.training.coordinator import Coordinator
+            tf.compat.v1.disable_eager_execution()
+            tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
+            PATCHED = [(BaseSession, "__init__"), (BaseSession, "close"), (BaseSession, "_call_tf_sessionrun"),
+                       (QueueBase, "__init__"), (QueueRunner, "create_threads"), (Coordinator, "__init__"),
+                       (Coordinator, "request_stop"), (threading.Thread, "start")]
+            def attrs():
+                return [cls.__dict__[name] for cls, name in PATCHED]
+            before = attrs()
+            meta_before = list(sys.meta_path)
+            old = tf.compat.v1.FIFOQueue(10, tf.float32, name="old")
+            old_sess = tf.compat.v1.Session()
+            old_sess.run(old.enqueue(2.0))
+            old_coord = tf.compat.v1.train.Coordinator()
+            """,
+        )
+        yield k
+    finally:
+        k.close()
+
+
+def test_existing_objects_are_found_and_unload_restores_every_patch(preloaded: Kernel) -> None:
+    run(preloaded, "%load_ext nbcoord\nimport nbcoord")
+    patched = value(preloaded, "[a is b for a, b in zip(attrs(), before)]")
+    assert patched == [False] * 8, "every attribute is patched while loaded"
+    snap = value(preloaded, "{k: nbcoord.snapshot()[k] for k in ('queues', 'sessions')}")
+    (old,) = [q for q in snap["queues"] if q["name"] == "old"]
+    assert old["size"] == 1 and old["cell"] is None, "an existing queue is found and polled"
+    assert [s["cell"] for s in snap["sessions"]] == [None]
+    run(preloaded, "%unload_ext nbcoord")
+    assert value(preloaded, "[a is b for a, b in zip(attrs(), before)]") == [True] * 8
+    assert value(preloaded, "list(sys.meta_path) == meta_before")
+    assert value(preloaded, "signal.set_wakeup_fd(-1)") == -1
+    assert value(preloaded, "[t.name for t in threading.enumerate() if t.name.startswith('nbcoord')]") == []
+
+
+def test_without_nbcoord_the_with_trap_prints_runner_errors(preloaded: Kernel) -> None:
+    """The control for S2: the same cell, nbcoord unloaded, leaves failing runner threads behind."""
+    result = run(
+        preloaded,
+        """
+        q = tf.compat.v1.FIFOQueue(10, tf.float32, name="control")
+        enq = q.enqueue(tf.random.uniform([]))
+        qr = tf.compat.v1.train.QueueRunner(q, [enq] * 2)
+        with tf.compat.v1.Session() as sess:
+            threads = qr.create_threads(sess, start=True)
+            sess.run(q.dequeue())
+        for t in threads:
+            t.join(5)
+        """,
+    )
+    assert any(word in result.text for word in RUNNER_ERRORS), result.text
+
+
+# -------------------------------------------------------------------------------------------- shutdown
+def test_shutdown_with_live_non_daemon_runner_threads_exits_cleanly() -> None:
+    k = Kernel(env=KERNEL_ENV)
+    try:
+        run(k, "%load_ext nbcoord")
+        run(
+            k,
+            """
+            import tensorflow as tf
+            tf.compat.v1.disable_eager_execution()
+            q = tf.compat.v1.FIFOQueue(4, tf.float32, name="full")
+            qr = tf.compat.v1.train.QueueRunner(q, [q.enqueue(tf.random.uniform([]))] * 3)
+            sess = tf.compat.v1.Session()
+            threads = qr.create_threads(sess, start=True)  # non-daemon, no coordinator
+            assert not any(t.daemon for t in threads)
+            """,
+        )
+        wait_until(lambda: k.evaluate("int(sess.run(q.size()))") == 4, 20, what="the queue to fill")
+        started = time.monotonic()
+        k.request_shutdown()
+        # A front end sends SIGTERM 2.5 s after its shutdown request: the kernel must be gone, cleanly, by then.
+        status = k.wait_exit(timeout=2.5)
+        print(f"kernel exited with {status} in {time.monotonic() - started:.2f} s")
+        assert status == 0
+    finally:
+        k.close()
