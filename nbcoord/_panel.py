@@ -2,9 +2,12 @@
 
 Data flows one way. One sender thread per kernel (``nbcoord-panel``) builds a snapshot every
 ``NBCoord.panel_interval`` seconds, turns it into the panel's traits (:func:`panel_state`) and sets only the traits
-whose JSON changed, in one message (``hold_sync``). Nothing is sent when nothing changed: figures that move on
-their own (idle times, ages) are computed by the front end from timestamps, memory is rounded to MiB, and
-history (sparklines) is kept as change points and sent at most every ``HISTORY_EVERY`` intervals.
+whose value changed, in one message (``hold_sync``). Nothing is sent when nothing changed: figures that move on
+their own (idle times, ages, how long a run has been blocked) are computed by the front end from timestamps;
+memory moves only by visible steps (:func:`steady_resources`); history (sparklines) is kept as change points and
+sent at most every ``HISTORY_EVERY`` intervals. While a cell runs, a small ``beat`` goes out every tick: when the
+beats stop, the front end says that the main thread holds the GIL in native code. The sender keeps itself under
+``MAX_DUTY`` of one core (with a thousand threads it ticks less often, and its beat says so).
 
 Commands flow to one place. The front end sends only commands (stop all / a cell / a thread / the zombies, a
 stack request, view presence), each with a ``click_id``. They arrive by two routes: the fast route of
@@ -57,6 +60,8 @@ PENDING_VIEW_S: Final = 30.0
 HISTORY_EVERY: Final = 5
 HISTORY_POINTS: Final = 120
 HISTORY_WINDOW_S: Final = 600.0
+#: The share of one core the sender may use: a tick that costs more (1000 threads: about 10 ms) waits longer.
+MAX_DUTY: Final = 0.005
 #: A thread that moved within this many seconds shows as active (its idle time counts from then on).
 ACTIVE_WINDOW_S: Final = 3.0
 #: Thread rows sent; the rest are counted in the header (Stop all and Stop cell still reach them).
@@ -289,7 +294,7 @@ def _blocked_row(row: Mapping[str, Any]) -> dict[str, Any]:
     """
     out = dict(row)
     seconds, text, since = out.get("seconds"), out.get("text"), out.get("since")
-    if _is_number(seconds) and _is_number(since) and isinstance(text, str):
+    if isinstance(seconds, (int, float)) and _is_number(since) and isinstance(text, str):
         written = f"{float(seconds):.1f} s"
         if written in text:
             out["text"] = text.replace(written, "{duration}", 1)
@@ -303,13 +308,11 @@ def _resources(resources: Mapping[str, Any] | None) -> dict[str, Any] | None:
     if not resources:
         return None
     host = dict(resources.get("host") or {})
-    total = host.get("total")
     for key in ("rss", "uss", "children_rss", "tf_cpu_current", "tf_cpu_peak"):
         if key in host:
             host[key] = _mib(host[key])
-    if _is_number(host.get("available")) and _is_number(total) and total:
-        step = max(_MIB, float(total) / 200)  # other processes move it all the time: 0.5 % steps
-        host["available"] = int(round(float(host["available"]) / step) * step)
+    # The machine's available memory moves with every other process: not the kernel's, and never quiet.
+    host.pop("available", None)
     gpu = dict(resources.get("gpu") or {})
     gpu["devices"] = [
         {
@@ -343,20 +346,23 @@ def _close_enough(new: object, old: object, tolerance: float) -> bool:
     return _is_number(new) and _is_number(old) and abs(float(new) - float(old)) < tolerance  # type: ignore[arg-type]
 
 
+def _memory_close(new: object, old: object) -> bool:
+    """Memory figures within 2 MiB or 1 % of each other: below what the panel shows."""
+    return _is_number(old) and _close_enough(new, old, max(2 * _MIB, abs(float(old)) / 100))  # type: ignore[arg-type]
+
+
 def steady_resources(new: dict[str, Any] | None, old: dict[str, Any] | None) -> dict[str, Any] | None:
     """``new``, keeping ``old``'s figures where they moved less than a step (hysteresis for rounding).
 
-    Memory rounded to MiB still flips when it sits on a boundary, and the host's available memory moves with
-    every other process: a figure is replaced only when it moved by 2 MiB (available memory: 1 % of the total).
+    Memory rounded to MiB still flips when it sits on a boundary: a figure is replaced only when it moved by
+    more than 2 MiB and 1 %.
     """
     if not new or not old:
         return new
     result = {**new, "host": dict(new.get("host") or {})}
     host, old_host = result["host"], old.get("host") or {}
-    total = host.get("total")
     for key in host:
-        tolerance = (float(total) / 100 if _is_number(total) else _MIB) if key == "available" else 2 * _MIB
-        if key != "total" and _close_enough(host[key], old_host.get(key), tolerance):
+        if key != "total" and _memory_close(host[key], old_host.get(key)):
             host[key] = old_host[key]
     old_devices = {d.get("index"): d for d in (old.get("gpu") or {}).get("devices") or []}
     gpu = dict(new.get("gpu") or {})
@@ -365,7 +371,7 @@ def steady_resources(new: dict[str, Any] | None, old: dict[str, Any] | None) -> 
         previous = old_devices.get(device.get("index"), {})
         devices.append(
             {
-                k: previous[k] if k != "total" and _close_enough(v, previous.get(k), 2 * _MIB) else v
+                k: previous[k] if k not in ("total", "index") and _memory_close(v, previous.get(k)) else v
                 for k, v in device.items()
             }
         )
@@ -435,18 +441,29 @@ def panel_state(
     }
 
 
-def change_points(points: Iterable[Sequence[Any]], *, now: float, limit: int = HISTORY_POINTS) -> list[list[Any]]:
+def _same(a: Sequence[Any], b: Sequence[Any], close: Callable[[object, object], bool] | None) -> bool:
+    return len(a) == len(b) and all(x == y or (close is not None and close(y, x)) for x, y in zip(a, b, strict=True))
+
+
+def change_points(
+    points: Iterable[Sequence[Any]],
+    *,
+    now: float,
+    limit: int = HISTORY_POINTS,
+    close: Callable[[object, object], bool] | None = None,
+) -> list[list[Any]]:
     """``[t, v...]`` points reduced to where the values change, in the last ``HISTORY_WINDOW_S`` seconds.
 
-    The front end draws steps, extended to now: a level that did not move adds no point, so an idle panel's
-    history stays the same, and sends nothing. Longer series keep every n-th point and the last one.
+    The front end draws steps, extended to now: a level that did not move (or that ``close(new, old)`` finds
+    close enough) adds no point, so an idle panel's history stays the same, and sends nothing. Longer series
+    keep every n-th point and the last one.
     """
     kept: list[list[Any]] = []
     for point in points:
         if not point or not _is_number(point[0]) or point[0] < now - HISTORY_WINDOW_S:
             continue
         values = list(point[1:])
-        if kept and kept[-1][1:] == values:
+        if kept and _same(kept[-1][1:], values, close):
             continue
         kept.append([round(float(point[0]), 1), *values])
     if len(kept) > limit:
@@ -469,6 +486,7 @@ def panel_history(snapshot: Snapshot, resource_history: Sequence[Mapping[str, An
             for p in resource_history
         ),
         now=now,
+        close=_memory_close,
     )
     queues = {
         str(q.get("id", q.get("name"))): change_points(q.get("history") or [], now=now)
@@ -529,7 +547,7 @@ class NBCoordPanel(anywidget.AnyWidget):
     last_stop = traitlets.Dict(allow_none=True, default_value=None).tag(sync=True)
     stack = traitlets.Dict(allow_none=True, default_value=None).tag(sync=True)
     clock = traitlets.Dict(allow_none=True, default_value=None).tag(sync=True)
-    beat = traitlets.Float(0.0).tag(sync=True)
+    beat = traitlets.Dict(allow_none=True, default_value=None).tag(sync=True)
     _fast_route = traitlets.Dict().tag(sync=True)
 
     def __init__(self, text_form: Callable[[], str], on_display: Callable[[], None], **state: Any) -> None:
@@ -563,9 +581,9 @@ class NBCoordPanel(anywidget.AnyWidget):
 class _Sender:
     """The one long-lived thread that sends the panel's state; parked (no cost) while nobody watches."""
 
-    def __init__(self, tick: Callable[[], None], interval: Callable[[], float], active: Callable[[], bool]) -> None:
+    def __init__(self, tick: Callable[[], None], wait: Callable[[], float], active: Callable[[], bool]) -> None:
         self._tick = tick
-        self._interval = interval
+        self._wait = wait
         self._active = active
         self._wake = threading.Event()
         self._stopping = False
@@ -599,7 +617,7 @@ class _Sender:
                 self._tick()
             except Exception:
                 log.warning("nbcoord: panel update failed", exc_info=True)
-            self._wake.wait(self._interval())
+            self._wake.wait(self._wait())
             self._wake.clear()
 
 
@@ -616,8 +634,12 @@ class PanelController:
         self._pending: dict[str, Any] = {}  # one-off traits (stack, clock) for the next tick
         self._pending_until = time.monotonic() + PENDING_VIEW_S
         self._stop_extra: dict[str, Any] | None = None
-        self._sent: dict[str, str] = {}  # trait -> JSON last sent; touched by the sender thread only
+        # What was last sent, per trait (its value, JSON size and when); touched by the sender thread only.
+        self._sent: dict[str, Any] = {}
+        self._sent_size: dict[str, int] = {}
         self._sent_at: dict[str, float] = {}
+        self._cost = 0.0  # CPU seconds per tick, averaged
+        self._multiplier = 1  # of panel_interval, while ticks are expensive
         self._history_at = 0.0
         self.ticks = 0  # state builds so far (tests and the benchmark read it)
         self.duplicates: collections.deque[str] = collections.deque(maxlen=64)  # click ids dropped as seen
@@ -626,17 +648,23 @@ class PanelController:
         self.route = _fastcomm.install(kernel, self._from_fast_route, types=COMMAND_TYPES)
         initial = self._state()
         self._resources: dict[str, Any] | None = initial["resources"]
-        self._sent = {key: _json(value) for key, value in initial.items()}
+        self._sent = dict(initial)
+        self._sent_size = {key: len(_json(value)) for key, value in initial.items()}
         self.widget = NBCoordPanel(self._text_form, self._displayed, **initial)
         self.widget.on_msg(self._from_widget)
         comm_id = getattr(getattr(self.widget, "comm", None), "comm_id", None)
         if isinstance(comm_id, str):
             self.route.add_comm(comm_id)
         self.widget._fast_route = {"kind": self.route.kind, "comm_id": comm_id}
-        self._sender = _Sender(self._tick, lambda: self.extension.config.panel_interval, self._watched)
+        self._sender = _Sender(self._tick, self._wait, self._watched)
         self._sender.start()
         self._remove_own_stopper = extension.add_own_stopper(self.stop_sender)
         extension.add_undo(self.close)
+        # A cell starting or ending changes the header at once (and the front end's expectation of beats).
+        self._events = getattr(extension.shell, "events", None)
+        if self._events is not None:
+            self._events.register("pre_run_cell", self._cell_event)
+            self._events.register("post_run_cell", self._cell_event)
 
     # ----------------------------------------------------------------------------------------- lifecycle
     def stop_sender(self) -> None:
@@ -648,6 +676,12 @@ class PanelController:
         if self.closed:
             return
         self.closed = True
+        if self._events is not None:
+            for event in ("pre_run_cell", "post_run_cell"):
+                try:
+                    self._events.unregister(event, self._cell_event)
+                except ValueError:
+                    log.debug("nbcoord: panel's %s callback was already gone", event)
         self._sender.stop()
         self._remove_own_stopper()
         self.route.uninstall()
@@ -655,6 +689,9 @@ class PanelController:
             self.widget.close()
         except Exception:
             log.warning("nbcoord: closing the panel widget failed", exc_info=True)
+
+    def _cell_event(self, *args: Any) -> None:
+        self._sender.wake()
 
     def _displayed(self) -> None:
         with self._lock:
@@ -686,6 +723,22 @@ class PanelController:
         return self._watched()
 
     # ------------------------------------------------------------------------------------------- state
+    def _wait(self) -> float:
+        """Seconds to the next tick: the configured interval, or a multiple of it (see :meth:`_adapt`)."""
+        return float(self.extension.config.panel_interval) * self._multiplier
+
+    def _adapt(self, cost: float) -> None:
+        """Keep the sender under MAX_DUTY of one core: double the interval while a tick costs more, halve it
+        once the cost is well below (a third), so that the interval the front end is told rarely changes."""
+        # A moving average: one slow tick (a garbage collection) does not double the interval.
+        self._cost = 0.8 * self._cost + 0.2 * cost if self._cost else cost
+        needed = self._cost / MAX_DUTY
+        interval = float(self.extension.config.panel_interval)
+        while needed > interval * self._multiplier and self._multiplier < 64:
+            self._multiplier *= 2
+        while self._multiplier > 1 and needed < interval * self._multiplier / 3:
+            self._multiplier //= 2
+
     def _state(self) -> dict[str, Any]:
         with self._lock:
             extra = self._stop_extra
@@ -697,17 +750,19 @@ class PanelController:
         )
 
     def _tick(self) -> None:
-        """Build the state, and send the traits whose JSON changed, in one message (sender thread)."""
+        """Build the state, and send the traits that changed, in one message (sender thread)."""
+        started = time.thread_time()
         self.ticks += 1
         now = time.monotonic()
-        interval = float(self.extension.config.panel_interval)
+        interval = self._wait()
         with self._lock:
             # Before the snapshot: a stop's click data is set after its report, so a snapshot taken after
             # reading it holds that report and the threads as the stop left them.
             extra = self._stop_extra
             pending, self._pending = self._pending, {}
         snapshot = self.extension.snapshot()
-        state = panel_state(snapshot, route=self.route.kind, interval=interval, stop_extra=extra)
+        configured = float(self.extension.config.panel_interval)
+        state = panel_state(snapshot, route=self.route.kind, interval=configured, stop_extra=extra)
         state["resources"] = self._resources = steady_resources(state["resources"], self._resources)
         if now - self._history_at >= HISTORY_EVERY * interval:
             self._history_at = now
@@ -716,25 +771,28 @@ class PanelController:
         if state["header"]["running_cell"] is not None:
             # While a cell runs the front end expects a beat every interval; its absence means the main
             # thread holds the GIL in native code (and a stop will act when it returns).
-            state["beat"] = round(snapshot["taken_at"], 2)
+            # The beat says how often to expect it: more than panel_interval while ticks are expensive.
+            state["beat"] = {"at": round(snapshot["taken_at"], 2), "every": interval}
         self._send(state, now, interval, force=set(pending))
+        self._adapt(time.thread_time() - started)
 
     def _send(self, state: Mapping[str, Any], now: float, interval: float, force: set[str]) -> None:
-        changed: dict[str, tuple[Any, str]] = {}
+        changed: dict[str, tuple[Any, int]] = {}
         for key, value in state.items():
-            text = _json(value)
-            if text == self._sent.get(key) and key not in force:
-                continue
-            gap = interval * max(1.0, len(text) / BYTES_PER_INTERVAL)
-            if key not in force and now - self._sent_at.get(key, -math.inf) < gap - 1e-3:
+            if key not in force and key in self._sent and value == self._sent[key]:
+                continue  # compared as Python values: cheaper than encoding 1000 rows every tick
+            size = len(_json(value))
+            gap = interval * size / BYTES_PER_INTERVAL  # small traits: no wait; 640 KB: 10 intervals
+            if key not in force and now - self._sent_at.get(key, -math.inf) < gap:
                 continue  # a big trait that changes all the time: sent less often
-            changed[key] = (value, text)
+            changed[key] = (value, size)
         if not changed or getattr(self.widget, "comm", None) is None:
             return
         with self.widget.hold_sync():
-            for key, (value, text) in changed.items():
+            for key, (value, size) in changed.items():
                 setattr(self.widget, key, value)
-                self._sent[key] = text
+                self._sent[key] = value
+                self._sent_size[key] = size
                 self._sent_at[key] = now
 
     # ---------------------------------------------------------------------------------------- commands

@@ -1,0 +1,658 @@
+"""The panel in real kernels, read and driven the way a front end does: over iopub and comm messages.
+
+First a fast tier without a kernel process: command validation, the state built from a snapshot, history
+change points, memory hysteresis, and a controller in the in-process shell that sends nothing twice.
+
+On ipykernel 7 (this environment) and ipykernel 6 (``.venv-ik6``): the widget's state is rebuilt from iopub
+(comm_open, then updates); a Stop command sent as the front end sends it (a custom comm message, also on the
+control channel when the kernel's fast route is "control") is handled while a cell sleeps, waits in C, loops in
+Python, or blocks in ``sess.run`` on an empty queue: the stop's report reaches iopub before the busy cell
+replies. Malformed and foreign commands are rejected and logged; an idle panel sends nothing; a panel with no
+view parks its sender; unload leaves no panel thread behind.
+
+Latencies (click sent -> handler started, both on this machine's clock) are attached to the test report with
+``record_property``; the benchmark (bench/bench_panel.py) is where they are compared.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import sys
+import tempfile
+import textwrap
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import wait_until
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import KernelManager
+
+from nbcoord import _panel
+
+REPO = Path(__file__).resolve().parents[1]
+IK6_PYTHON = Path(os.environ.get("NBCOORD_IK6_PYTHON", REPO / ".venv-ik6" / "bin" / "python"))
+INTERVAL = 0.2
+
+SETUP = f"""
+%load_ext nbcoord
+%nbcoord config panel_interval={INTERVAL}
+import json, logging, threading, time
+import nbcoord
+from nbcoord import _panel
+log_lines = []
+class _Keep(logging.Handler):
+    def emit(self, record):
+        log_lines.append(record.levelname + " " + record.getMessage())
+for _h in [h for h in logging.getLogger("nbcoord").handlers if type(h).__name__ == "_Keep"]:
+    logging.getLogger("nbcoord").removeHandler(_h)
+logging.getLogger("nbcoord").addHandler(_Keep())
+logging.getLogger("nbcoord").setLevel(logging.INFO)
+def workers(prefix, n=3):
+    def work():
+        while not nbcoord.should_stop():
+            time.sleep(0.01)
+    threads = [threading.Thread(target=work, name=f"{{prefix}}-{{i}}", daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    return threads
+p = nbcoord.panel()
+controller = _panel.controller_for(nbcoord._extension)
+p
+"""
+
+
+class PanelKernel:
+    """A real kernel with nbcoord's panel displayed, and the bookkeeping of a front end."""
+
+    def __init__(self, name: str, python: str) -> None:
+        self.name = name
+        self._tmp = tempfile.TemporaryDirectory(prefix="nbcoord-panel-")
+        spec = Path(self._tmp.name) / "kernels" / "nbcoord-panel"
+        spec.mkdir(parents=True)
+        argv = [python, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+        (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": name, "language": "python"}))
+        specs = KernelSpecManager(kernel_dirs=[str(spec.parent)])
+        self.km = KernelManager(kernel_name="nbcoord-panel", kernel_spec_manager=specs)
+        env = {**os.environ, "IPYTHONDIR": self._tmp.name, "PYTHONPATH": str(REPO)}
+        self.km.start_kernel(env=env, cwd=self._tmp.name)
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=60)
+        self.comm_msgs: list[tuple[float, dict[str, Any]]] = []
+        self.streams: dict[str, str] = {}
+        self.results: dict[str, list[dict[str, Any]]] = {}
+        self.replies: dict[str, dict[str, Any]] = {}
+        self.idle: set[str] = set()
+        msg_id = self.submit(SETUP)
+        self.finish(msg_id)
+        self.comm_id = self.value("p.comm.comm_id")
+        self.route = self.value("p._fast_route['kind']")
+
+    # ------------------------------------------------------------------------------------- plumbing
+    def pump(self, timeout: float = 0.02) -> None:
+        """Read what the kernel sent so far (iopub and shell), keeping what the tests look at."""
+        kc = self.kc
+        while True:
+            try:
+                msg = kc.get_iopub_msg(timeout=timeout)
+            except queue.Empty:
+                break
+            timeout = 0.0
+            parent = msg["parent_header"].get("msg_id", "")
+            kind, content = msg["msg_type"], msg["content"]
+            if kind.startswith("comm_"):
+                self.comm_msgs.append((time.time(), msg))
+            elif kind == "stream":
+                self.streams[parent] = self.streams.get(parent, "") + content["text"]
+            elif kind in ("execute_result", "display_data"):
+                self.results.setdefault(parent, []).append(content)
+            elif kind == "error":
+                self.streams[parent] = self.streams.get(parent, "") + "\n".join(content["traceback"])
+            elif kind == "status" and content["execution_state"] == "idle":
+                self.idle.add(parent)
+        while True:
+            try:
+                reply = kc.get_shell_msg(timeout=0)
+            except queue.Empty:
+                break
+            self.replies[reply["parent_header"].get("msg_id", "")] = reply
+
+    def submit(self, code: str) -> str:
+        return str(self.kc.execute(textwrap.dedent(code)))
+
+    @property
+    def pid(self) -> int:
+        return int(self.km.provisioner.process.pid)  # type: ignore[union-attr]
+
+    def interrupt(self) -> None:
+        self.km.interrupt_kernel()
+
+    def finish(self, msg_id: str, timeout: float = 60.0, allow_error: bool = False) -> str:
+        """Wait for a submitted cell's reply and idle status; returns what it printed."""
+
+        def done() -> bool:
+            self.pump()
+            return msg_id in self.replies and msg_id in self.idle
+
+        wait_until(done, timeout, what=f"cell {msg_id} to finish; printed so far: {self.streams.get(msg_id)!r}")
+        if not allow_error:
+            status = self.replies[msg_id]["content"]["status"]
+            assert status == "ok", self.streams.get(msg_id)
+        return self.streams.get(msg_id, "")
+
+    def run(self, code: str, timeout: float = 60.0) -> str:
+        return self.finish(self.submit(code), timeout)
+
+    def value(self, expression: str) -> Any:
+        import json
+
+        out = self.run(f"print('@@' + json.dumps({expression}))")
+        line = next(line for line in out.splitlines() if line.startswith("@@"))
+        return json.loads(line[2:])
+
+    def printed(self, msg_id: str, text: str) -> bool:
+        """Whether the cell ``msg_id`` printed ``text`` so far."""
+        self.pump()
+        return text in self.streams.get(msg_id, "")
+
+    def state(self) -> dict[str, Any]:
+        """The widget's state as the front end has it: comm_open's state, then every update, in order."""
+        self.pump()
+        state: dict[str, Any] = {}
+        for _, msg in self.comm_msgs:
+            content = msg["content"]
+            if content.get("comm_id") != self.comm_id:
+                continue
+            data = content.get("data", {})
+            if msg["msg_type"] == "comm_open" or data.get("method") == "update":
+                state.update(data.get("state", {}))
+        return state
+
+    def updates_until(self, until: float) -> list[dict[str, Any]]:
+        return [
+            msg["content"]["data"]["state"]
+            for at, msg in self.comm_msgs
+            if at < until
+            and msg["msg_type"] in ("comm_open", "comm_msg")
+            and msg["content"].get("comm_id") == self.comm_id
+            and "state" in msg["content"]["data"]
+        ]
+
+    def updates_since(self, since: float) -> list[dict[str, Any]]:
+        self.pump()
+        return [
+            msg["content"]["data"]["state"]
+            for at, msg in self.comm_msgs
+            if at >= since
+            and msg["msg_type"] == "comm_msg"
+            and msg["content"].get("comm_id") == self.comm_id
+            and msg["content"]["data"].get("method") == "update"
+        ]
+
+    def send(self, command: dict[str, Any], comm_id: str | None = None, method: str = "custom") -> None:
+        """Send a command as the panel's module does: ordinary message, plus control when that is the route."""
+        kc = self.kc
+        data: dict[str, Any] = {"method": method}
+        if method == "custom":
+            data["content"] = command
+        else:
+            data.update(command)
+        content = {"comm_id": comm_id or self.comm_id, "data": data}
+        if self.route == "control":
+            kc.control_channel.send(kc.session.msg("comm_msg", content))
+        kc.shell_channel.send(kc.session.msg("comm_msg", content))
+
+    def open_view(self) -> str:
+        view = f"view{uuid.uuid4().hex[:8]}"
+        self.send({"type": "view", "view_id": view, "action": "open", "click_id": f"{view}-0", "client_time": 0})
+        return view
+
+    def close(self) -> None:
+        try:
+            self.kc.stop_channels()
+        finally:
+            self.km.shutdown_kernel(now=True)
+            self._tmp.cleanup()
+
+
+def _environments() -> list[Any]:
+    ik6 = pytest.mark.skipif(not IK6_PYTHON.exists(), reason=f"no ipykernel 6 environment at {IK6_PYTHON}")
+    return [
+        pytest.param(("ipykernel7", sys.executable), id="ipykernel7"),
+        pytest.param(("ipykernel6", str(IK6_PYTHON)), id="ipykernel6", marks=ik6),
+    ]
+
+
+@pytest.fixture(scope="module", params=_environments())
+def pk(request: pytest.FixtureRequest) -> Iterator[PanelKernel]:
+    name, python = request.param
+    kernel = PanelKernel(name, python)
+    try:
+        yield kernel
+    finally:
+        kernel.close()
+
+
+def state_at(pk: PanelKernel, moment: float) -> dict[str, Any]:
+    """The widget's state as the front end had it at ``moment``."""
+    state: dict[str, Any] = {}
+    for update in pk.updates_until(moment):
+        state.update(update)
+    return state
+
+
+def click(prefix: str = "c") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.mark.kernel
+def test_state_comes_from_iopub_and_follows_the_kernel(pk: PanelKernel) -> None:
+    assert pk.route == ("shell-channel" if pk.name == "ipykernel7" else "control")
+    state = pk.state()
+    assert state["header"]["pid"] == pk.pid
+    assert state["_fast_route"] == {"kind": pk.route, "comm_id": pk.comm_id}
+    assert "export default" in state["_esm"]
+    # Without a widget front end the display's text form is the %nbcoord report.
+    (shown,) = [r for results in pk.results.values() for r in results if "text/plain" in r["data"]]
+    assert shown["data"]["text/plain"].startswith("nbcoord: kernel pid")
+    assert "application/vnd.jupyter.widget-view+json" in shown["data"]
+    # A thread started by a later cell shows up, with its cell, through an update.
+    pk.open_view()
+    msg_id = pk.submit("late = workers('late', 1)")
+    pk.finish(msg_id)
+    cell = pk.replies[msg_id]["content"]["execution_count"]
+    wait_until(
+        lambda: any(row["name"] == "late-0" for row in pk.state().get("threads", [])),
+        15,
+        what="the late thread in the panel's state",
+    )
+    row = next(row for row in pk.state()["threads"] if row["name"] == "late-0")
+    assert row["cell"] == cell
+    assert any(c["n"] == cell for c in pk.state()["cells"])
+    pk.run(f"nbcoord.stop_all(thread={row['tid']!r})")
+    wait_until(lambda: all(r["name"] != "late-0" for r in pk.state()["threads"]), 15, what="the late thread gone")
+
+
+BUSY = {
+    "sleep": "time.sleep(30)",
+    "c-wait": "threading.Event().wait(30)",
+    "python-loop": "_end = time.monotonic() + 30\nwhile time.monotonic() < _end:\n    pass",
+}
+
+
+def stop_while_busy(pk: PanelKernel, busy_code: str, prefix: str) -> tuple[dict[str, Any], float]:
+    """Start workers, run a busy cell, click Stop all; return the stop as iopub showed it, and the latency."""
+    pk.open_view()
+    pk.run(f"busy_workers = workers({prefix!r})")
+    msg_id = pk.submit(f"print('busy', flush=True)\n{busy_code}")
+    wait_until(lambda: pk.printed(msg_id, "busy"), 30, what="the busy cell")
+    click_id = click(prefix)
+    sent = time.time()
+    pk.send({"type": "stop", "scope": "all", "click_id": click_id, "clicked_at": sent * 1000})
+
+    def stop_seen() -> dict[str, Any] | None:
+        last = pk.state().get("last_stop")
+        return last if last and last.get("click_id") == click_id else None
+
+    last = wait_until(stop_seen, 20, what="the stop's report on iopub")
+    assert last is not None
+    assert msg_id not in pk.replies, "the busy cell ended before the stop was reported"
+    names = {row["name"] for row in pk.state()["threads"]}
+    assert not any(name.startswith(prefix) for name in names)
+    pk.interrupt()
+    pk.finish(msg_id, allow_error=True)
+    return last, float(last["received_at"]) - sent
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("mode", list(BUSY))
+def test_stop_is_handled_while_a_cell_is_busy(pk: PanelKernel, mode: str, record_property: Any) -> None:
+    last, latency = stop_while_busy(pk, BUSY[mode], f"busy-{mode}")
+    assert last["route"] == pk.route
+    assert last["stopped_count"] == 3
+    assert last["alive"] == []
+    record_property(f"{pk.name}-{mode}-click-to-handler-ms", round(latency * 1000, 1))
+    # The ordinary copy of the click arrived too, once the cell ended, and was dropped by its click id.
+    wait_until(lambda: pk.value(f"{last['click_id']!r} in controller.duplicates"), 10, what="the ordinary copy")
+    stops = pk.value("[l for l in log_lines if 'panel stop ' + " + repr(last["click_id"]) + " in l]")
+    assert len(stops) == 1
+
+
+@pytest.mark.kernel
+@pytest.mark.tensorflow
+def test_stop_unblocks_sess_run_on_an_empty_queue(pk: PanelKernel, record_property: Any) -> None:
+    if not pk.value("__import__('importlib.util').util.find_spec('tensorflow') is not None"):
+        pytest.skip(f"no tensorflow in the {pk.name} environment")
+    pk.run(
+        """
+        import tensorflow as tf
+        tf.compat.v1.disable_eager_execution()
+        graph = tf.Graph()
+        with graph.as_default():
+            tf_queue = tf.compat.v1.FIFOQueue(4, tf.float32)
+            dequeue, close = tf_queue.dequeue(), tf_queue.close(cancel_pending_enqueues=True)
+        sess = tf.compat.v1.Session(graph=graph)
+        remove_closer = nbcoord.on_stop(lambda: sess.run(close))
+        """,
+        timeout=120,
+    )
+    pk.open_view()
+    msg_id = pk.submit(
+        """
+        print("busy", flush=True)
+        try:
+            sess.run(dequeue, options=tf.compat.v1.RunOptions(timeout_in_ms=30000))
+            outcome = "dequeued"
+        except tf.errors.OutOfRangeError:
+            outcome = "unblocked"
+        finally:
+            remove_closer()
+        """
+    )
+    wait_until(lambda: pk.printed(msg_id, "busy"), 30, what="the busy cell")
+    click_id = click("tf")
+    sent = time.time()
+    pk.send({"type": "stop", "scope": "all", "click_id": click_id, "clicked_at": sent * 1000})
+    pk.finish(msg_id, timeout=25)
+    assert pk.value("outcome") == "unblocked"
+
+    def reported() -> dict[str, Any] | None:
+        last = pk.state().get("last_stop")
+        return last if last and last.get("click_id") == click_id else None
+
+    last = wait_until(reported, 10, what="the report")
+    assert last is not None
+    assert last["route"] == pk.route
+    record_property(f"{pk.name}-tf-click-to-handler-ms", round((last["received_at"] - sent) * 1000, 1))
+    pk.run("sess.close()")
+
+
+@pytest.mark.kernel
+@pytest.mark.filterwarnings("ignore:Message serialization failed:UserWarning")
+def test_malformed_and_foreign_commands_are_rejected_and_logged(pk: PanelKernel) -> None:
+    pk.run(
+        """
+        import comm
+        foreign_got = []
+        other = comm.create_comm(target_name="other")
+        other.on_msg(lambda msg: foreign_got.append(msg["content"]["data"]))
+        target = workers("target", 1)
+        target_tid = next(r["tid"] for r in nbcoord.snapshot()["threads"] if r["name"] == "target-0")
+        log_lines.clear()
+        """
+    )
+    tid = pk.value("target_tid")
+    foreign = pk.value("other.comm_id")
+    before = pk.value("nbcoord.snapshot()['last_stop'] and nbcoord.snapshot()['last_stop']['started_at']")
+    bad: list[Any] = [
+        ["stop"],
+        {"type": "stop"},
+        {"type": "rm -rf", "click_id": "a1"},
+        {"type": "stop", "scope": "all", "click_id": "x" * 65},
+        {"type": "stop", "scope": "all", "click_id": "<script>"},
+        {"type": "stop", "scope": "all", "click_id": 7},
+        {"type": "stop", "scope": "everything", "click_id": "a2"},
+        {"type": "stop", "scope": "thread", "tid": "t999999", "click_id": "a3"},
+        {"type": "stop", "scope": "thread", "tid": {"$ne": 1}, "click_id": "a4"},
+        {"type": "stop", "scope": "cell", "cell": 99999, "click_id": "a5"},
+        {"type": "stop", "scope": "cell", "cell": True, "click_id": "a6"},
+        {"type": "stop", "scope": "all", "click_id": "a7", "eval": "import os"},
+        {"type": "stop", "scope": "all", "click_id": "a8", "force": "yes"},
+        {"type": "stop", "scope": "all", "click_id": "a9", "clicked_at": float("inf")},
+        {"type": "stack", "tid": "t-none", "click_id": "a10"},
+        {"type": "view", "view_id": "v" * 200, "action": "open", "click_id": "a11"},
+    ]
+    msg_id = pk.submit("print('busy', flush=True)\ntime.sleep(1.5)")
+    wait_until(lambda: pk.printed(msg_id, "busy"), 30, what="the busy cell")
+    for command in bad:
+        pk.send(command)
+    # A stop addressed to another comm, and a state update from the front end.
+    pk.send({"type": "stop", "scope": "all", "click_id": "foreign1"}, comm_id=foreign)
+    pk.send({"state": {"threads": [], "header": {"pid": 1}}, "buffer_paths": []}, method="update")
+    # Then one valid command: handled after all the bad ones (each route keeps its order).
+    pk.send({"type": "stack", "tid": tid, "click_id": click("stack")})
+    wait_until(lambda: (s := pk.state().get("stack")) and s.get("tid") == tid, 15, what="the stack answer")
+    pk.finish(msg_id)
+    lines = pk.value("log_lines")
+    rejected = [line for line in lines if "panel rejected a command" in line]
+    assert len(rejected) >= len(bad), "\n".join(lines)
+    assert all(line.startswith("WARNING") for line in rejected)
+    assert any("panel rejected a state update" in line for line in lines)
+    for fragment in ("click_id must be", "unknown command type", "no live thread", "no cell", "unexpected keys"):
+        assert any(fragment in line for line in rejected), fragment
+    # Nothing was stopped, the foreign comm got its message, the state was not overwritten, the kernel answers.
+    after = pk.value("nbcoord.snapshot()['last_stop'] and nbcoord.snapshot()['last_stop']['started_at']")
+    assert after == before
+    assert pk.value("target[0].is_alive()") is True
+    assert pk.value("[d['content']['click_id'] for d in foreign_got]") == ["foreign1"]
+    assert pk.value("p.header['pid']") == pk.pid
+    pk.run("nbcoord.stop_all(thread=target_tid); other.close()")
+
+
+@pytest.mark.kernel
+def test_idle_panel_sends_nothing(pk: PanelKernel) -> None:
+    pk.open_view()
+    pk.run(
+        """
+        def idle_worker():
+            nbcoord.wait_for_stop()
+        quiet_workers = [threading.Thread(target=idle_worker, name=f"quiet-{i}") for i in range(5)]
+        for t in quiet_workers:
+            t.start()
+        """
+    )
+
+    def quiet_for(seconds: float) -> bool:
+        start = time.time()
+        while time.time() - start < seconds:
+            pk.pump(0.05)
+            if pk.updates_since(start):
+                return False
+        return True
+
+    def all_idle() -> bool:
+        rows = [r for r in pk.state().get("threads", []) if r["name"].startswith("quiet-")]
+        return len(rows) == 5 and all(r["last_active"] is not None for r in rows)
+
+    # A new thread counts as active for its first seconds; then its idle period starts, once.
+    wait_until(all_idle, 20, what="the new threads to turn idle")
+    ticks = pk.value("controller.ticks")
+    # Startup settles (the new threads, the cell's end, the first history), then nothing changes. Running a
+    # cell is a change (the header names the running cell), so nothing runs in the kernel meanwhile.
+    wait_until(lambda: quiet_for(8 * INTERVAL), 30, interval=0, what="the panel to go quiet")
+    since = time.time()
+    quiet_for(15 * INTERVAL)
+    # Nothing about threads, cells or the header; memory only where it moved by more than the panel's step
+    # (a young kernel's RSS still grows by a few MiB).
+    before = state_at(pk, since)["resources"]
+    for update in pk.updates_since(since):
+        assert set(update) <= {"resources", "history"}, update
+        if "resources" in update:
+            moved = [k for k, v in update["resources"]["host"].items() if v != before["host"].get(k)]
+            assert moved, update
+            for key in moved:
+                assert abs(update["resources"]["host"][key] - before["host"][key]) >= 2 << 20, (key, update)
+            before = update["resources"]
+    assert pk.value("controller.watched()") is True
+    assert pk.value("controller.ticks") - ticks >= 2  # it kept looking, and found nothing to send
+    pk.run("nbcoord.stop_all()")
+
+
+@pytest.mark.kernel
+def test_no_view_parks_the_sender_and_unload_leaves_nothing(pk: PanelKernel) -> None:
+    view = pk.open_view()
+    wait_until(lambda: pk.value("controller.watched()"), 10, what="the view to be seen")
+    pk.send({"type": "view", "view_id": view, "action": "close", "click_id": click("close")})
+    # Other views of earlier tests and the display's own grace period keep it watched for a while: end them.
+    pk.run("controller._views.clear(); controller._pending_until = 0")
+    wait_until(lambda: pk.value("controller.watched()") is False, 10, what="the sender to park")
+    ticks = pk.value("controller.ticks")
+    since = time.time()
+    pk.run("parked_workers = workers('parked', 2)")
+    wait_until(lambda: time.time() - since > 6 * INTERVAL, 5, interval=INTERVAL)
+    assert pk.value("controller.ticks") == ticks
+    assert pk.updates_since(since) == []
+    # A view coming back wakes it, and it catches up at once.
+    pk.open_view()
+    wait_until(lambda: any(r["name"] == "parked-0" for r in pk.state().get("threads", [])), 10, what="the wake-up")
+    pk.run("nbcoord.stop_all()")
+    pk.run("%unload_ext nbcoord")
+    names = pk.value("[t.name for t in threading.enumerate() if t.name.startswith('nbcoord-')]")
+    assert names == []
+    pk.pump()
+    assert any(msg["msg_type"] == "comm_close" and msg["content"]["comm_id"] == pk.comm_id for _, msg in pk.comm_msgs)
+    pk.run(SETUP)  # reload for the tests that may follow in this module
+    pk.comm_id = pk.value("p.comm.comm_id")
+
+
+# ------------------------------------------------------------------------------ fast tier: no kernel process
+
+
+def parse(content: object, tids: tuple[str, ...] = ("t1",), cells: tuple[int, ...] = (3,)) -> _panel.Command:
+    return _panel.parse_command(content, thread_exists=lambda t: t in tids, cell_exists=lambda n: n in cells)
+
+
+def test_commands_are_checked_against_the_ids_the_kernel_issued() -> None:
+    assert parse({"type": "stop", "scope": "all", "click_id": "v1-1"}).scope == "all"
+    cell = parse({"type": "stop", "scope": "cell", "cell": 3, "click_id": "v1-2", "clicked_at": 1.5})
+    assert (cell.scope, cell.cell, cell.clicked_at) == ("cell", 3, 1.5)
+    assert parse({"type": "stop", "scope": "thread", "tid": "t1", "click_id": "c", "force": True}).force is True
+    assert parse({"type": "stack", "tid": "t1", "click_id": "c"}).tid == "t1"
+    view = parse({"type": "view", "view_id": "v1", "action": "open", "click_id": "c", "client_time": 5})
+    assert (view.view_id, view.action, view.client_time) == ("v1", "open", 5.0)
+    rejected: list[tuple[object, str]] = [
+        (None, "not an object"),
+        ({"type": "exec", "click_id": "c"}, "unknown command type"),
+        ({"type": "stop", "scope": "all"}, "click_id"),
+        ({"type": "stop", "scope": "all", "click_id": "x" * 65}, "click_id"),
+        ({"type": "stop", "scope": "all", "click_id": "a b"}, "click_id"),
+        ({"type": "stop", "scope": "all", "click_id": "c", "code": "1"}, "unexpected keys"),
+        ({"type": "stop", "scope": "some", "click_id": "c"}, "scope"),
+        ({"type": "stop", "scope": "cell", "cell": 4, "click_id": "c"}, "no cell"),
+        ({"type": "stop", "scope": "cell", "cell": "3", "click_id": "c"}, "no cell"),
+        ({"type": "stop", "scope": "cell", "cell": True, "click_id": "c"}, "no cell"),
+        ({"type": "stop", "scope": "all", "cell": 3, "click_id": "c"}, "only with scope cell"),
+        ({"type": "stop", "scope": "thread", "tid": "t2", "click_id": "c"}, "no live thread"),
+        ({"type": "stop", "scope": "all", "tid": "t1", "click_id": "c"}, "only with scope thread"),
+        ({"type": "stop", "scope": "all", "click_id": "c", "force": 1}, "force"),
+        ({"type": "stop", "scope": "all", "click_id": "c", "clicked_at": float("nan")}, "finite"),
+        ({"type": "view", "view_id": "v1", "action": "delete", "click_id": "c"}, "view action"),
+        ({"type": "view", "view_id": "<v>", "action": "open", "click_id": "c"}, "view_id"),
+    ]
+    for content, why in rejected:
+        with pytest.raises(_panel.Rejected, match=why):
+            parse(content)
+
+
+def test_history_keeps_change_points_within_the_window() -> None:
+    now = 1000.0
+    points = [[now - 700, 1], [now - 10, 1], [now - 9, 1], [now - 8, 2], [now - 7, 2], [now - 1, 1]]
+    assert _panel.change_points(points, now=now) == [[now - 10, 1], [now - 8, 2], [now - 1, 1]]
+    many = [[now - 500 + i, i] for i in range(400)]
+    thinned = _panel.change_points(many, now=now, limit=100)
+    assert len(thinned) <= 100
+    assert thinned[-1] == [now - 101, 399]  # the newest point is always kept
+    mib = 1 << 20
+    memory = [[now - 3, 100 * mib], [now - 2, 101 * mib], [now - 1, 104 * mib]]
+    assert _panel.change_points(memory, now=now, close=_panel._memory_close) == [
+        [now - 3, 100 * mib],
+        [now - 1, 104 * mib],
+    ]
+
+
+def test_memory_figures_move_only_by_a_visible_step() -> None:
+    mib = 1 << 20
+    old = {"host": {"rss": 100 * mib, "total": 16 << 30}, "gpu": {"devices": [{"index": 0, "used": 500 * mib}]}}
+    new = {"host": {"rss": 101 * mib, "total": 16 << 30}, "gpu": {"devices": [{"index": 0, "used": 520 * mib}]}}
+    steady = _panel.steady_resources(new, old)
+    assert steady is not None
+    assert steady["host"]["rss"] == 100 * mib  # 1 MiB: below the step, the old figure stays
+    assert steady["gpu"]["devices"][0]["used"] == 520 * mib  # 20 MiB: shown
+    assert _panel.steady_resources(new, None) is new
+
+
+def test_a_blocked_run_leaves_its_growing_duration_to_the_front_end() -> None:
+    row = {"text": "t blocked 2.0 s in dequeue of queue `q`", "seconds": 2.04, "since": 100.0, "tid": "t1"}
+    assert _panel._blocked_row(row) == {
+        "text": "t blocked {duration} in dequeue of queue `q`",
+        "since": 100.0,
+        "tid": "t1",
+    }
+    other = {"text": "something else", "seconds": 2.0, "since": 1.0}
+    assert _panel._blocked_row(other) == other
+
+
+@pytest.fixture
+def in_process() -> Iterator[Any]:
+    """nbcoord loaded in IPython's in-process test shell (no kernel: the fast route is "none")."""
+    from IPython.testing import globalipapp
+
+    import nbcoord
+
+    globalipapp.start_ipython()  # type: ignore[no-untyped-call]
+    shell = globalipapp.get_ipython()  # type: ignore[no-untyped-call]
+    if "nbcoord" in shell.extension_manager.loaded:
+        shell.run_line_magic("unload_ext", "nbcoord")
+    shell.run_line_magic("load_ext", "nbcoord")
+    try:
+        yield nbcoord._extension
+    finally:
+        shell.run_line_magic("unload_ext", "nbcoord")
+
+
+def test_the_same_state_is_sent_once(in_process: Any) -> None:
+    controller = _panel.controller_for(in_process)
+    assert _panel.panel_for(in_process) is controller.widget  # one panel per kernel
+    controller.stop_sender()
+    controller._tick()
+    sent = dict(controller._sent_at)
+    controller._tick()
+    assert controller._sent_at == sent
+    # The text form, for front ends without widgets, is the report.
+    bundle = controller.widget._repr_mimebundle_()
+    assert bundle is not None
+    data, _ = bundle
+    assert data["text/plain"].startswith("nbcoord: kernel pid")
+    # A duplicate click id is dropped; a stop from the panel carries its click data into the state.
+    stop = {"type": "stop", "scope": "all", "click_id": "once", "clicked_at": 1.0}
+    controller.handle(stop, route="ordinary")
+    controller.handle(stop, route="ordinary")
+    assert list(controller.duplicates) == ["once"]
+    controller._tick()
+    assert controller.widget.last_stop["click_id"] == "once"
+    assert controller.widget.last_stop["route"] == "ordinary"
+
+
+def test_the_wheel_ships_the_module_where_the_panel_looks(tmp_path: Path) -> None:
+    pytest.importorskip("build")
+    pytest.importorskip("hatchling")
+    import subprocess
+    import zipfile
+
+    subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(tmp_path / "dist"), str(REPO)],
+        check=True,
+        capture_output=True,
+        cwd=tmp_path,
+    )
+    (wheel,) = (tmp_path / "dist").glob("nbcoord-*.whl")
+    installed = tmp_path / "site"
+    with zipfile.ZipFile(wheel) as archive:
+        assert archive.read("nbcoord/static/panel.js") == (REPO / "js" / "panel.js").read_bytes()
+        archive.extractall(installed)
+    # Imported from the unpacked wheel (as when installed), the panel reads the packaged copy.
+    found = subprocess.run(
+        [sys.executable, "-c", "from nbcoord import _panel; print(_panel.esm_path())"],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(installed)},
+        cwd=tmp_path,
+    ).stdout.strip()
+    assert Path(found) == installed / "nbcoord" / "static" / "panel.js"
