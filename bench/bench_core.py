@@ -1,6 +1,7 @@
 """What nbcoord costs the kernel on its hot paths, against baselines measured in the same run.
 
-Run: ``python bench/bench_core.py`` (under a minute on 2 cores). Four measurements, each with its target:
+Run: ``python bench/bench_core.py [--quick]`` (about 10 s on 2 cores). Four measurements, each with its target,
+each headline figure also printed as a ``RESULT`` line (bench/_results.py) for bench/run_all.py:
 
 1. ``Thread.start`` with nbcoord's patch vs without (alternating blocks of starts, so that drift hits both
    alike): the added cost per start, in the start itself and in the deferred registration that the next read
@@ -17,6 +18,7 @@ Run: ``python bench/bench_core.py`` (under a minute on 2 cores). Four measuremen
 
 from __future__ import annotations
 
+import argparse
 import gc
 import os
 import statistics
@@ -31,6 +33,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _results import result
+
 import nbcoord
 from nbcoord._registry import Registry
 from nbcoord._stop import ThreadStopped
@@ -42,6 +46,8 @@ SNAPSHOT_TARGET_MS = 1.0
 STOP_TARGET_MS = 50.0
 
 results: list[tuple[str, float, float, str]] = []  # what, value, target, unit
+#: Blocks of Thread.start timings and stop_all rounds; --quick lowers them.
+COUNTS = {"start_blocks": 15, "stop_rounds": 5}
 
 
 def verdict(value: float, target: float) -> str:
@@ -82,7 +88,7 @@ def bench_thread_start() -> None:
     start_block(200)  # warm up
     without: list[float] = []
     with_hooks: list[float] = []
-    for _ in range(15):
+    for _ in range(COUNTS["start_blocks"]):
         without += start_block(150)
         hooks.install()
         try:
@@ -98,20 +104,24 @@ def bench_thread_start() -> None:
         thread.start()
         thread.join()
     me = threading.current_thread()
-    direct = Registry()
 
-    def note_all() -> None:
+    def note_all(direct: Registry) -> None:
         for thread in finished:
             frame = sys._getframe(0)
             direct.note_started(thread, me, frame, owner_from_caller(frame), internal=thread.name.startswith("n"))
 
-    gc.collect()
-    begin = time.perf_counter()
-    note_all()
-    hot = (time.perf_counter() - begin) / len(finished)
-    begin = time.perf_counter()
-    direct.records()  # drains: the deferred registration of every noted start
-    deferred = (time.perf_counter() - begin) / len(finished)
+    # Median of a few passes: one pass is short enough (about 10 ms) for a single hiccup to swamp it.
+    hots, deferreds = [], []
+    for _ in range(7):
+        direct = Registry()
+        gc.collect()
+        begin = time.perf_counter()
+        note_all(direct)
+        hots.append((time.perf_counter() - begin) / len(finished))
+        begin = time.perf_counter()
+        direct.records()  # drains: the deferred registration of every noted start
+        deferreds.append((time.perf_counter() - begin) / len(finished))
+    hot, deferred = statistics.median(hots), statistics.median(deferreds)
 
     added = patched - base
     print("1. Thread.start (threads that return at once; start() timed alone, join outside)")
@@ -126,6 +136,24 @@ def bench_thread_start() -> None:
     )
     results.append(("Thread.start added, in start()", hot * 1e6, START_TARGET_US, "us"))
     results.append(("Thread.start added, with deferred part", total * 1e6, START_TARGET_US, "us"))
+    result(
+        "Thread.start, per start, end to end",
+        patched * 1e6,
+        base * 1e6,
+        "us",
+        vs="plain Thread.start",
+        note="difference of medians: noisy",
+    )
+    result(
+        "Thread.start, added per start (the patch's work + deferred registration)",
+        total * 1e6,
+        base * 1e6,
+        "us",
+        target=f"<= {START_TARGET_US:g} us",
+        met=total * 1e6 <= START_TARGET_US,
+        vs="a plain Thread.start",
+        note=f"{hot * 1e6:.2f} us of it in start()",
+    )
 
 
 # ------------------------------------------------------------------------------------------ shell helpers
@@ -172,6 +200,7 @@ def bench_cell_hooks(shell: Any) -> None:
     ok_result = SimpleNamespace(error_in_exec=None, error_before_exec=None, execution_count=None)
     failed = SimpleNamespace(error_in_exec=ValueError("bench"), error_before_exec=None, execution_count=None)
     idle = Idle()
+    figures: list[tuple[int, str, float]] = []  # threads, cell kind, seconds: RESULT lines after the table
     print()
     print("2. Per-cell hooks (_pre_run_cell + _post_run_cell, fake info/result objects)")
     print(f"   baseline: IPython run_cell('pass') without nbcoord: {baseline * 1e6:.0f} us")
@@ -196,11 +225,24 @@ def bench_cell_hooks(shell: Any) -> None:
                     f"   {len(ext.registry.records()):>8} {ok_cost * 1e6:>11.1f} {ok_cost / baseline:>7.3f}"
                     f" {failed_cost * 1e6:>15.1f} {failed_cost / baseline:>7.3f}"
                 )
+                figures.append((n, "ok", ok_cost))
+                if n == 1000:  # a failed cell's zombie search matters where it is dearest
+                    figures.append((n, "failed", failed_cost))
             print(
                 f"   target <= {CELL_TARGET_US:.0f} us at 1000 threads: "
                 f"ok cell {verdict(ok_cost * 1e6, CELL_TARGET_US)}, "
                 f"failed cell {verdict(failed_cost * 1e6, CELL_TARGET_US)}"
             )
+            for n, kind, cost in figures:
+                result(
+                    f"per-cell hooks, {kind} cell, {n} threads",
+                    cost * 1e6,
+                    baseline * 1e6,
+                    "us",
+                    target=f"<= {CELL_TARGET_US:g} us" if n == 1000 else None,
+                    met=cost * 1e6 <= CELL_TARGET_US,
+                    vs="IPython run_cell('pass') without nbcoord",
+                )
             results.append(("cell hooks, ok cell, 1000 threads", ok_cost * 1e6, CELL_TARGET_US, "us"))
             results.append(("cell hooks, failed cell, 1000 threads", failed_cost * 1e6, CELL_TARGET_US, "us"))
             bench_snapshot(ext)
@@ -235,6 +277,16 @@ def bench_snapshot(ext: Any) -> None:
     )
     print(f"   target <= {SNAPSHOT_TARGET_MS:.0f} ms: {verdict(api[0] * 1e3, SNAPSHOT_TARGET_MS)}")
     results.append((f"snapshot(), {live} threads", api[0] * 1e3, SNAPSHOT_TARGET_MS, "ms"))
+    result(
+        "snapshot() without stacks, 1000 threads",
+        api[0] * 1e3,
+        baseline * 1e3,
+        "ms",
+        target=f"<= {SNAPSHOT_TARGET_MS:g} ms",
+        met=api[0] * 1e3 <= SNAPSHOT_TARGET_MS,
+        vs="threading.enumerate() + sys._current_frames()",
+        note=f"{live} live threads; p90 {p90 * 1e3:.2f} ms",
+    )
 
 
 # ------------------------------------------------------------------------------------------------- 4 stop
@@ -247,7 +299,7 @@ def cooperative_nbcoord(go: threading.Event) -> None:
 
 
 def bench_stop(shell: Any) -> None:
-    rounds = 5
+    rounds = COUNTS["stop_rounds"]
     baselines = []
     for _ in range(rounds):
         events = [threading.Event() for _ in range(100)]
@@ -293,9 +345,23 @@ def bench_stop(shell: Any) -> None:
     )
     print(f"   target <= {STOP_TARGET_MS:.0f} ms: {verdict(wall * 1e3, STOP_TARGET_MS)}")
     results.append(("stop_all, 100 cooperative threads", wall * 1e3, STOP_TARGET_MS, "ms"))
+    result(
+        "stop_all(), 100 cooperative threads",
+        wall * 1e3,
+        baseline * 1e3,
+        "ms",
+        target=f"<= {STOP_TARGET_MS:g} ms",
+        met=wall * 1e3 <= STOP_TARGET_MS,
+        vs="set 100 Events and join, without nbcoord",
+        note=f"stopped {min(stopped)}-{max(stopped)} of 100",
+    )
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer Thread.start blocks and stop rounds")
+    if parser.parse_args().quick:
+        COUNTS.update(start_blocks=6, stop_rounds=3)
     began = time.perf_counter()
     print(f"nbcoord core benchmark: python {sys.version.split()[0]}, {os.cpu_count()} CPUs, pid {os.getpid()}")
     print()

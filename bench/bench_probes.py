@@ -1,6 +1,7 @@
 """Cost of one resource sample (nbcoord._probes) with 10/100/1000 threads and 0/10 child processes.
 
-Run: ``python bench/bench_probes.py`` (under a minute). Prints, per configuration, the median cost of
+Run: ``python bench/bench_probes.py [--budget 1.5]`` (under a minute; ``--budget`` is the most seconds each
+measurement may take). Prints, per configuration, the median cost of
 
 * a **full** sample (every expensive read done: psutil's thread enumeration, /proc comm names, children,
   USS, NVML when present), as the panel pays once per ``min_native_interval`` (1 s by default), and
@@ -12,10 +13,13 @@ column is what one full sample per second costs one core.
 
 NVML: on a machine without an NVIDIA driver the probe learns that once and skips it, so GPU reads cost
 nothing here; on a GPU machine they are included in the full sample.
+
+The headline figures are also printed as ``RESULT`` lines (bench/_results.py) for bench/run_all.py.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import subprocess
@@ -29,17 +33,19 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _results import result
+
 from nbcoord import _probes
 from nbcoord._probes import CellWindow, ResourceProbe
 
 TARGET_MS = 5.0
-BUDGET_S = 1.5  # per measurement, at most
+BUDGET = {"s": 1.5}  # per measurement, at most (--budget)
 
 
 def per_call_ms(fn: Callable[[], object], min_reps: int = 5, max_reps: int = 500) -> float:
     """Median milliseconds per call, over as many calls as fit in BUDGET_S (at least min_reps)."""
     times: list[float] = []
-    deadline = time.perf_counter() + BUDGET_S
+    deadline = time.perf_counter() + BUDGET["s"]
     while len(times) < max_reps and (len(times) < min_reps or time.perf_counter() < deadline):
         start = time.perf_counter()
         fn()
@@ -55,10 +61,12 @@ class Threads:
         self.threads: list[threading.Thread] = []
 
     def grow_to(self, total: int) -> None:
-        while len(psutil.Process().threads()) < total:
-            t = threading.Thread(target=self.release.wait, daemon=True)
-            t.start()
-            self.threads.append(t)
+        # Counting OS threads reads /proc once per thread: count once per batch, not once per start.
+        while (missing := total - len(psutil.Process().threads())) > 0:
+            for _ in range(missing):
+                t = threading.Thread(target=self.release.wait, daemon=True)
+                t.start()
+                self.threads.append(t)
 
     def stop(self) -> None:
         self.release.set()
@@ -101,7 +109,30 @@ def measure(cells: list[CellWindow], names: dict[int, str]) -> tuple[float, floa
     return full, cached, psutil_only
 
 
+def report(rows: list[tuple[int, int, float, float, float | None]], baseline_ms: float) -> None:
+    """The headline figures as RESULT lines: a full sample at about 100 and 1000 threads, a cached one at 100."""
+    vs = "bare psutil.Process().memory_info()"
+    for nominal, target in ((100, f"<= {TARGET_MS:g} ms"), (1000, None)):
+        near = [row for row in rows if row[0] <= nominal * 1.1 and row[0] > nominal // 2]
+        full = max(row[2] for row in near)
+        result(
+            f"resource sample, full, {nominal} threads",
+            full,
+            baseline_ms,
+            "ms",
+            target=target,
+            met=full <= TARGET_MS,
+            vs=vs,
+            note=f"{near[0][0]} OS threads, worse of 0/10 children",
+        )
+    cached = max(row[3] for row in rows if 50 < row[0] <= 110)
+    result("resource sample, cached, 100 threads", cached, baseline_ms, "ms", vs=vs, note="inside min_native_interval")
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--budget", type=float, default=BUDGET["s"], help="most seconds per measurement")
+    BUDGET["s"] = parser.parse_args().budget
     started = time.perf_counter()
     me = psutil.Process()
     cells = [CellWindow(i, time.time() - 100 + i, time.time() - 99 + i) for i in range(20)]
@@ -152,6 +183,7 @@ def main() -> None:
         f"default probe (1 s interval, max_duty 0.5 %): the slowest full read here ({worst:.1f} ms) "
         f"is spaced {max(1.0, worst / 1000 / 0.005):.1f} s apart"
     )
+    report(rows, baseline_ms)
     print(f"({time.perf_counter() - started:.1f} s)")
 
 

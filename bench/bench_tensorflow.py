@@ -1,7 +1,8 @@
 """What the TensorFlow integration costs, and what it buys, measured with and without nbcoord in one process.
 
-Run: ``python bench/bench_tensorflow.py`` (about a minute on 2 cores). nbcoord is loaded into an in-process
-IPython shell and unloaded again between measurements, so both sides run in the same process, alternately:
+Run: ``python bench/bench_tensorflow.py [--quick]`` (about a minute on 2 cores; ``--quick``: fewer rounds).
+nbcoord is loaded into an in-process IPython shell and unloaded again between measurements, so both sides run
+in the same process, alternately:
 
 1. a trivial ``sess.run`` (and a prepared callable, the QueueRunner path): per-call cost plain, with only the
    run hook patched in, and with nbcoord loaded (target: <= 1 us added); plus the hook alone around a no-op.
@@ -14,10 +15,14 @@ IPython shell and unloaded again between measurements, so both sides run in the 
    coordinator) against ``request_stop`` + ``join`` per coordinator, plain TensorFlow (target: <= 50 ms);
 5. Interrupt latency for a main thread blocked in ``sess.run`` on an empty queue (plain: never; the bench then
    frees it by closing the queue after 1 s).
+
+The headline figures are also printed as ``RESULT`` lines (bench/_results.py) for bench/run_all.py.
 """
 
 from __future__ import annotations
 
+import argparse
+import math
 import os
 import signal
 import statistics
@@ -32,6 +37,7 @@ from typing import Any
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _results import result
 from IPython.core.interactiveshell import InteractiveShell
 
 import nbcoord
@@ -39,6 +45,12 @@ from nbcoord.integrations import tensorflow as tf_integration
 from nbcoord.integrations._tf_runs import RunTracker
 
 shell = InteractiveShell.instance()
+#: Repeat counts; --quick lowers them (the medians get noisier, the figures stay the same kind).
+COUNTS = dict(hook_rounds=80, loaded_rounds=20, pipeline_pairs=4, pipeline_s=1.5, stop_rounds=5, interrupts=3)
+QUICK = dict(hook_rounds=20, loaded_rounds=6, pipeline_pairs=2, pipeline_s=1.0, stop_rounds=3, interrupts=1)
+RUN_TARGET_US = 1.0
+PIPELINE_TARGET = 0.99
+STOP_TARGET_MS = 50.0
 
 
 def tensorflow() -> Any:
@@ -120,14 +132,27 @@ def bench_trivial_runs() -> None:
         sess.run(c)
         callable_()
     print("1. trivial session runs: plain us per call, and the median paired difference with the other side")
+    figures = []
     for kind, fn in (("run", lambda: sess.run(c)), ("callable", callable_)):
-        base, hook = paired(fn, "hook", rounds=80, calls=300)
-        _, loaded = paired(fn, "nbcoord", rounds=20, calls=600)
+        base, hook = paired(fn, "hook", rounds=int(COUNTS["hook_rounds"]), calls=300)
+        _, loaded = paired(fn, "nbcoord", rounds=int(COUNTS["loaded_rounds"]), calls=600)
         print(
             f"   {kind:9s} plain {base:6.2f} us;  added by the run hook {hook:+5.2f} us, "
             f"by nbcoord loaded {loaded:+5.2f} us (ratio {(base + loaded) / base:.3f})"
         )
+        figures.append((kind, base, hook, loaded))
     sess.close()
+    for kind, base, hook, loaded in figures:
+        result(
+            "trivial sess.run" if kind == "run" else "trivial prepared callable (the QueueRunner path)",
+            base + loaded,
+            base,
+            "us",
+            target=f"<= {RUN_TARGET_US:g} us added",
+            met=loaded <= RUN_TARGET_US,
+            vs="plain TensorFlow, same process",
+            note=f"added {loaded:+.2f} us (median paired difference); the run hook alone {hook:+.2f} us",
+        )
 
     def noop(*_args: object) -> None:
         return None
@@ -165,25 +190,44 @@ def pipeline_rate(settle: float, seconds: float) -> float:
 
 def bench_pipeline() -> None:
     plain: list[float] = []
+    ours: list[float] = []
     ratios: list[float] = []
-    for index in range(4):
+    pairs, seconds = int(COUNTS["pipeline_pairs"]), COUNTS["pipeline_s"]
+    for index in range(pairs):
         order = (False, True) if index % 2 == 0 else (True, False)
         got: dict[bool, float] = {}
         for on in order:
             with nbcoord_loaded(on):
-                got[on] = pipeline_rate(settle=1.5, seconds=1.5)
+                got[on] = pipeline_rate(settle=seconds, seconds=seconds)
         plain.append(got[False])
+        ours.append(got[True])
         ratios.append(got[True] / got[False])
-    print("2. QueueRunner pipeline, 2 runner threads, elements/s (4 pairs of 1.5 s runs after 1.5 s, alternating)")
+    print(
+        f"2. QueueRunner pipeline, 2 runner threads, elements/s ({pairs} pairs of {seconds:g} s runs after "
+        f"{seconds:g} s, alternating)"
+    )
     print(
         f"   plain {statistics.median(plain):9.0f}  nbcoord/plain: median {statistics.median(ratios):.3f} "
         f"(pairs: {', '.join(f'{r:.2f}' for r in ratios)})"
+    )
+    ratio = statistics.median(ratios)
+    result(
+        "QueueRunner pipeline throughput, 2 runner threads",
+        statistics.median(ours),
+        statistics.median(plain),
+        "elements/s",
+        target=f">= {PIPELINE_TARGET:g} x plain",
+        met=ratio >= PIPELINE_TARGET,
+        vs="plain TensorFlow, same process",
+        ratio=ratio,
+        note=f"ratio: median of {pairs} alternating pairs",
     )
 
 
 # ------------------------------------------------------------------------------------------- 3. polling
 def bench_polling() -> None:
     print("3. polling queue sizes (median ms per poll of all queues)")
+    figure = (math.nan, math.nan, math.nan)
     with nbcoord_loaded(True):
         integration = tf_integration.current()
         assert integration is not None
@@ -216,6 +260,17 @@ def bench_polling() -> None:
                 f"one by one {one_by_one:7.3f}  (ratio to one by one {ours / one_by_one:.3f})"
             )
             sess.close()
+            if count == 100:
+                figure = (ours, one_by_one, together)
+    ours, one_by_one, together = figure
+    result(
+        "polling 100 queue sizes, nbcoord's prepared callable",
+        ours,
+        one_by_one,
+        "ms",
+        vs="sess.run of each size op, one by one",
+        note=f"one sess.run of all 100 size ops: {together:.2f} ms",
+    )
 
 
 # ---------------------------------------------------------------------------------------------- 4. stop
@@ -248,8 +303,9 @@ def blocked_runners(with_coord: bool) -> tuple[Any, list[Any], list[threading.Th
 
 
 def bench_stop() -> None:
+    rounds = int(COUNTS["stop_rounds"])
     plain_ms: list[float] = []
-    for _ in range(5):
+    for _ in range(rounds):
         sess, coords, threads = blocked_runners(with_coord=True)
         start = time.perf_counter()
         for coord in coords:
@@ -261,7 +317,7 @@ def bench_stop() -> None:
         sess.close()
     ours: dict[bool, list[float]] = {False: [], True: []}
     with nbcoord_loaded(True):
-        for _ in range(5):
+        for _ in range(rounds):
             for with_coord in (True, False):
                 sess, _coords, threads = blocked_runners(with_coord)
                 report = nbcoord.stop_all(grace=2.0)
@@ -269,15 +325,27 @@ def bench_stop() -> None:
                 assert not report["alive"], report["alive"]
                 sess.close()
     plain = statistics.median(plain_ms)
-    print("4. stop latency, 10 runners x 4 threads blocked on full queues (median of 5, ms)")
+    print(f"4. stop latency, 10 runners x 4 threads blocked on full queues (median of {rounds}, ms)")
     print(f"   plain request_stop + join per coordinator      {plain:7.1f}")
     for with_coord, words in ((True, "with coordinators   "), (False, "without coordinators")):
         value = statistics.median(ours[with_coord])
         print(f"   nbcoord stop_all, runners {words} {value:7.1f}  ratio {value / plain:.2f}")
+    for with_coord, words in ((True, "with"), (False, "without")):
+        value = statistics.median(ours[with_coord])
+        result(
+            f"stop_all(), 10 QueueRunners x 4 threads blocked on full queues, {words} coordinators",
+            value,
+            plain,
+            "ms",
+            target=f"<= {STOP_TARGET_MS:g} ms",
+            met=value <= STOP_TARGET_MS,
+            vs="request_stop + join per coordinator, plain TensorFlow",
+        )
 
 
 # ----------------------------------------------------------------------------------------- 5. interrupt
-def interrupt_latency(on: bool) -> str:
+def interrupt_latency(on: bool) -> tuple[str, float | None]:
+    """What happened, and the ms from SIGINT to KeyboardInterrupt (None: no KeyboardInterrupt)."""
     graph = tf.Graph()
     with graph.as_default():
         q = tf.compat.v1.FIFOQueue(10, tf.float32)
@@ -295,11 +363,13 @@ def interrupt_latency(on: bool) -> str:
 
     helper = threading.Thread(target=interrupt, name="interrupter")
     helper.start()
+    latency: float | None = None
     try:
         sess.run(deq)
         outcome = "returned"
     except KeyboardInterrupt:
-        outcome = f"KeyboardInterrupt after {(time.perf_counter() - sent[0]) * 1000:.1f} ms"
+        latency = (time.perf_counter() - sent[0]) * 1000
+        outcome = f"KeyboardInterrupt after {latency:.1f} ms"
     except Exception as exc:
         outcome = f"{type(exc).__name__} after {(time.perf_counter() - sent[0]) * 1000:.0f} ms (freed by close)"
     try:
@@ -307,18 +377,34 @@ def interrupt_latency(on: bool) -> str:
     except KeyboardInterrupt:  # plain: the pending KeyboardInterrupt may land here
         helper.join()
     sess.close()
-    return outcome
+    return outcome, latency
 
 
 def bench_interrupt() -> None:
     print("5. Interrupt of a main thread blocked in sess.run on an empty queue")
+    latencies: dict[bool, list[float | None]] = {}
     for on in (False, True):
         with nbcoord_loaded(on):
-            outcomes = [interrupt_latency(on) for _ in range(1 if not on else 3)]
-        print(f"   {label(on):7s}: " + "; ".join(outcomes))
+            runs = [interrupt_latency(on) for _ in range(1 if not on else int(COUNTS["interrupts"]))]
+        print(f"   {label(on):7s}: " + "; ".join(outcome for outcome, _ in runs))
+        latencies[on] = [latency for _, latency in runs]
+    ours = [latency for latency in latencies[True] if latency is not None]
+    plain = latencies[False][0]
+    result(
+        "Interrupt of sess.run blocked on an empty queue",
+        statistics.median(ours) if len(ours) == len(latencies[True]) else None,  # None: one never landed
+        plain,
+        "ms",
+        vs="plain TensorFlow",
+        note="plain: the interrupt never lands (freed by closing the queue after 1 s)" if plain is None else "",
+    )
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer rounds and shorter pipeline runs")
+    if parser.parse_args().quick:
+        COUNTS.update(QUICK)
     started = time.perf_counter()
     print(f"TensorFlow {tf.__version__}, Python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
     bench_trivial_runs()

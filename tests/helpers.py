@@ -10,8 +10,10 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
+from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 
 T = TypeVar("T")
@@ -56,8 +58,16 @@ class Kernel:
         kernel_env = dict(os.environ)
         kernel_env.update({"IPYTHONDIR": self._tmp.name, "PYTHONUNBUFFERED": "1"})
         kernel_env.update(env or {})
-        self.km = KernelManager(kernel_name="python3")
-        self.km.kernel_cmd = [python or sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+        # A kernel spec of our own: jupyter_client 8 ignores KernelManager.kernel_cmd, and a user's python3
+        # spec would otherwise decide which interpreter (and which ipykernel) runs.
+        spec_dir = Path(self._tmp.name) / "kernels" / "nbcoord-test"
+        spec_dir.mkdir(parents=True)
+        argv = [python or sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+        spec = {"argv": argv, "display_name": "nbcoord test", "language": "python"}
+        (spec_dir / "kernel.json").write_text(json.dumps(spec), encoding="utf-8")
+        self.km = KernelManager(
+            kernel_name="nbcoord-test", kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(spec_dir.parent)])
+        )
         self.km.start_kernel(env=kernel_env, cwd=self._tmp.name)
         self.kc = self.km.client()
         self.kc.start_channels()

@@ -627,32 +627,3 @@ def test_the_same_state_is_sent_once(in_process: Any) -> None:
     controller._tick()
     assert controller.widget.last_stop["click_id"] == "once"
     assert controller.widget.last_stop["route"] == "ordinary"
-
-
-def test_the_wheel_ships_the_module_where_the_panel_looks(tmp_path: Path) -> None:
-    pytest.importorskip("build")
-    pytest.importorskip("hatchling")
-    import subprocess
-    import zipfile
-
-    subprocess.run(
-        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(tmp_path / "dist"), str(REPO)],
-        check=True,
-        capture_output=True,
-        cwd=tmp_path,
-    )
-    (wheel,) = (tmp_path / "dist").glob("nbcoord-*.whl")
-    installed = tmp_path / "site"
-    with zipfile.ZipFile(wheel) as archive:
-        assert archive.read("nbcoord/static/panel.js") == (REPO / "js" / "panel.js").read_bytes()
-        archive.extractall(installed)
-    # Imported from the unpacked wheel (as when installed), the panel reads the packaged copy.
-    found = subprocess.run(
-        [sys.executable, "-c", "from nbcoord import _panel; print(_panel.esm_path())"],
-        check=True,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(installed)},
-        cwd=tmp_path,
-    ).stdout.strip()
-    assert Path(found) == installed / "nbcoord" / "static" / "panel.js"

@@ -1,0 +1,282 @@
+"""The live panel's costs, each against a baseline measured in the same run.
+
+1. **Click to handler while the kernel is busy** (sleep, a C wait, a Python loop), on ipykernel 7 (this
+   environment) and 6 (``.venv-ik6``): a Stop-all command is sent the way the panel's module sends it, during a
+   cell that stays busy for ``--busy`` seconds; the panel's own report gives the moment its handler got the
+   command (``received_at``), and the client notes when the stop's report arrived on iopub. Baseline: the same
+   click with the fast route removed (the default path: handled when the cell ends).
+2. **Idle bytes per second** on iopub with 100 and 1000 idle threads and a view open, counted on a raw SUB
+   socket (every frame of every panel message). Baseline: what sending the whole state every interval would
+   cost (the state's size, measured in the same kernel, times the rate). Target: < 1 KB/s at 1000 threads.
+3. **Kernel CPU with the panel open vs closed** (the sender ticking vs parked), over ``--window`` seconds each,
+   as a share of one core. Target: the difference < 1 % of one core.
+
+Run: ``python bench/bench_panel.py [--busy 1.0] [--reps 2] [--window 6]`` (under 2 minutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psutil
+import zmq
+from jupyter_client.blocking.client import BlockingKernelClient
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import KernelManager
+
+REPO = Path(__file__).resolve().parents[1]
+IK6 = REPO / ".venv-ik6" / "bin" / "python"
+
+SETUP = """
+%load_ext nbcoord
+import json, threading, time, ipykernel
+import nbcoord
+from nbcoord import _panel
+def workers(n, prefix):
+    out = [threading.Thread(target=nbcoord.wait_for_stop, name=f"{prefix}-{i}", daemon=True) for i in range(n)]
+    for t in out:
+        t.start()
+    return out
+p = nbcoord.panel()
+controller = _panel.controller_for(nbcoord._extension)
+print(json.dumps({"comm_id": p.comm.comm_id, "route": controller.route.kind, "ipykernel": ipykernel.__version__}))
+"""
+
+BUSY = {
+    "sleep": "time.sleep(BUSY)",
+    "c-wait": "threading.Event().wait(BUSY)",
+    "python-loop": "_end = time.monotonic() + BUSY\nwhile time.monotonic() < _end:\n    pass",
+}
+
+
+class Kernel:
+    """A kernel with nbcoord's panel, driven like a front end."""
+
+    def __init__(self, client: BlockingKernelClient, manager: KernelManager) -> None:
+        self.client = client
+        self.manager = manager
+        self.info: dict[str, Any] = json.loads(self.run(SETUP).strip().splitlines()[-1])
+        self.pid = int(manager.provisioner.process.pid)  # type: ignore[union-attr]
+
+    def run(self, code: str, timeout: float = 120) -> str:
+        out: list[str] = []
+
+        def hook(msg: dict[str, Any]) -> None:
+            if msg["msg_type"] == "stream":
+                out.append(msg["content"]["text"])
+            elif msg["msg_type"] == "error":
+                raise RuntimeError("\n".join(msg["content"]["traceback"]))
+
+        self.client.execute_interactive(textwrap.dedent(code), timeout=timeout, output_hook=hook)
+        return "".join(out)
+
+    def value(self, expression: str) -> Any:
+        return json.loads(self.run(f"print(json.dumps({expression}))").strip().splitlines()[-1])
+
+    def send(self, command: dict[str, Any]) -> None:
+        """As the module sends it: the ordinary message, plus the control channel on that route."""
+        content = {"comm_id": self.info["comm_id"], "data": {"method": "custom", "content": command}}
+        session = self.client.session
+        if self.info["route"] == "control":
+            self.client.control_channel.send(session.msg("comm_msg", content))
+        self.client.shell_channel.send(session.msg("comm_msg", content))
+
+    def open_view(self) -> str:
+        view = f"v{uuid.uuid4().hex[:8]}"
+        self.send({"type": "view", "view_id": view, "action": "open", "click_id": f"{view}-0"})
+        return view
+
+    def click_while_busy(self, mode: str, busy: float) -> tuple[float, float | None]:
+        """(click -> handler, click -> report on iopub) in ms, for one click during one busy cell."""
+        self.run("_w = workers(3, 'bench')")
+        msg_id = self.client.execute(f"BUSY = {busy}\nprint('busy', flush=True)\n{BUSY[mode]}")
+        report_at: float | None = None
+        click_id = f"c{uuid.uuid4().hex[:10]}"
+        sent = 0.0
+        replied = False
+        deadline = time.monotonic() + busy + 60
+        while not replied and time.monotonic() < deadline:
+            try:
+                msg = self.client.get_iopub_msg(timeout=0.01)
+            except Exception:
+                msg = None
+            if msg is not None:
+                parent = msg["parent_header"].get("msg_id")
+                if not sent and parent == msg_id and msg["msg_type"] == "stream" and "busy" in msg["content"]["text"]:
+                    time.sleep(0.1)  # inside the busy part
+                    sent = time.time()
+                    self.send({"type": "stop", "scope": "all", "click_id": click_id, "clicked_at": sent * 1000})
+                elif msg["msg_type"] == "comm_msg" and report_at is None:
+                    state = msg["content"]["data"].get("state", {})
+                    if (state.get("last_stop") or {}).get("click_id") == click_id:
+                        report_at = time.time()
+            try:
+                reply = self.client.get_shell_msg(timeout=0)
+                replied = reply["parent_header"].get("msg_id") == msg_id
+            except Exception:
+                pass
+        handled = self.value(
+            "(p.last_stop or {}).get('received_at') if (p.last_stop or {}).get('click_id') == "
+            f"{click_id!r} else None"
+        )
+        self.run("nbcoord.stop_all()")
+        to_handler = (handled - sent) * 1000 if handled is not None else float("nan")
+        return to_handler, None if report_at is None else (report_at - sent) * 1000
+
+
+@contextmanager
+def kernel(python: str) -> Iterator[Kernel]:
+    with tempfile.TemporaryDirectory() as tmp:
+        spec_dir = Path(tmp) / "nbcoord-bench"
+        spec_dir.mkdir()
+        argv = [python, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+        (spec_dir / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "b", "language": "python"}))
+        manager = KernelManager(kernel_name="nbcoord-bench", kernel_spec_manager=KernelSpecManager(kernel_dirs=[tmp]))
+        pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+        manager.start_kernel(
+            env={**os.environ, "PYTHONPATH": pythonpath, "IPYTHONDIR": tmp},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        client = manager.client()
+        client.start_channels()
+        try:
+            client.wait_for_ready(timeout=60)
+            yield Kernel(client, manager)
+        finally:
+            client.stop_channels()
+            manager.shutdown_kernel(now=True)
+
+
+def bench_latency(python: str, busy: float, reps: int) -> None:
+    with kernel(python) as k:
+        k.open_view()
+        rows: dict[str, list[tuple[float, float | None]]] = {}
+        for mode in BUSY:
+            rows[mode] = [k.click_while_busy(mode, busy) for _ in range(reps)]
+        k.run("controller.route.uninstall()")  # the baseline: the default path only
+        base = {mode: [k.click_while_busy(mode, busy) for _ in range(max(1, reps // 2))] for mode in BUSY}
+        for mode in BUSY:
+            fast = statistics.median(r[0] for r in rows[mode])
+            shown = [r[1] for r in rows[mode] if r[1] is not None]
+            dflt = statistics.median(r[0] for r in base[mode])
+            print(
+                f"{k.info['ipykernel']:>9} {k.info['route']:>13} {mode:>12} {fast:9.1f} "
+                f"{statistics.median(shown) if shown else float('nan'):10.1f} {dflt:9.1f} {dflt / fast:8.0f}x",
+                flush=True,
+            )
+
+
+class IopubCounter:
+    """Counts the bytes of every iopub message of one comm, on its own SUB socket."""
+
+    def __init__(self, manager: KernelManager, comm_id: str) -> None:
+        info = manager.get_connection_info()
+        self.context = zmq.Context()
+        self.socket = self.context.socket(zmq.SUB)
+        self.socket.setsockopt(zmq.SUBSCRIBE, b"")
+        self.socket.connect(f"{info['transport']}://{info['ip']}:{info['iopub_port']}")
+        self.comm_id = comm_id.encode()
+
+    def count(self, seconds: float) -> tuple[int, int]:
+        """(bytes, messages) of the panel's comm over ``seconds``."""
+        total = messages = 0
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            if not self.socket.poll(int(left * 1000) + 1):
+                continue
+            frames = self.socket.recv_multipart()
+            if any(self.comm_id in frame for frame in frames[-4:]):
+                total += sum(len(frame) for frame in frames)
+                messages += 1
+        return total, messages
+
+    def drain(self) -> None:
+        while self.socket.poll(0):
+            self.socket.recv_multipart()
+
+    def close(self) -> None:
+        self.socket.close(0)
+        self.context.term()
+
+
+def kernel_cpu(pid: int, seconds: float) -> float:
+    """Share of one core the kernel process used over ``seconds``."""
+    process = psutil.Process(pid)
+    before = sum(process.cpu_times()[:2])
+    time.sleep(seconds)
+    return (sum(process.cpu_times()[:2]) - before) / seconds
+
+
+def bench_idle(k: Kernel, threads: int, window: float) -> None:
+    """One line of part 2/3 in kernel ``k``, which has ``threads`` idle threads once this returns."""
+    counter = IopubCounter(k.manager, k.info["comm_id"])
+    try:
+        have = k.value("len(_idle)")
+        k.run(f"_idle += workers({threads - have}, 'idle{threads}')")
+        interval = k.value("nbcoord._extension.config.panel_interval")
+        view = k.open_view()
+        # Settle: new threads count as active for their first seconds; wait until a window is quiet.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and counter.count(3.0)[1]:
+            pass
+        ticks = k.value("controller.ticks")
+        state_bytes = k.value("sum(controller._sent_size.values())")
+        counter.drain()
+        sent, messages = counter.count(window)
+        ticks = k.value("controller.ticks") - ticks
+        open_cpu = kernel_cpu(k.pid, window)
+        k.send({"type": "view", "view_id": view, "action": "close", "click_id": f"{view}-close"})
+        k.run("controller._pending_until = 0")
+        time.sleep(2 * interval)
+        parked = k.value("controller.watched()") is False
+        closed_cpu = kernel_cpu(k.pid, window)
+    finally:
+        counter.close()
+    naive = state_bytes / interval
+    print(
+        f"{threads:>7} {sent / window:10.1f} {messages:>5} {ticks:>5} {naive:12.0f}"
+        f" {naive / max(sent / window, 1):9.0f}x"
+        f"   | cpu open {open_cpu * 100:5.2f} %  closed{'' if parked else ' (NOT PARKED)'} "
+        f"{closed_cpu * 100:5.2f} %  panel cost {(open_cpu - closed_cpu) * 100:+5.2f} % of one core",
+        flush=True,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--busy", type=float, default=1.0, help="seconds each busy cell lasts")
+    parser.add_argument("--reps", type=int, default=2, help="clicks per busy mode")
+    parser.add_argument("--window", type=float, default=6.0, help="seconds of each idle measurement")
+    args = parser.parse_args()
+    pythons = [sys.executable] + ([str(IK6)] if IK6.exists() else [])
+    print(f"1. Stop click while a cell is busy for {args.busy} s: median ms (fast route vs default path)")
+    print(f"{'ipykernel':>9} {'route':>13} {'busy':>12} {'->handler':>9} {'->report':>10} {'default':>9} {'ratio':>9}")
+    for python in pythons:
+        bench_latency(python, args.busy, args.reps)
+    print(
+        f"\n2./3. Idle panel with a view open, over {args.window} s each"
+        " (panel_interval 1 s; naive: the whole state every interval)"
+    )
+    print(f"{'threads':>7} {'bytes/s':>10} {'msgs':>5} {'ticks':>5} {'naive B/s':>12} {'saving':>10}")
+    with kernel(sys.executable) as k:
+        k.run("_idle = []")
+        for threads in (100, 1000):
+            bench_idle(k, threads, args.window)
+
+
+if __name__ == "__main__":
+    main()
