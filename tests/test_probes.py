@@ -47,7 +47,8 @@ MiB = 2**20
 GiB = 2**30
 IMPOSSIBLE_PID = 2**22 + 17  # above Linux's largest pid_max: a PID of another namespace
 LINUX = sys.platform.startswith("linux")
-WAITER = [sys.executable, "-c", "import sys; sys.stdin.read()"]  # lives until its stdin closes
+# Says it is up (so its exec and interpreter start are done), then lives until its stdin closes.
+WAITER = [sys.executable, "-c", "import sys; print('up', flush=True); sys.stdin.read()"]
 
 
 def wait_until(predicate: Callable[[], object], timeout: float = 10.0) -> None:
@@ -77,6 +78,14 @@ def sample(probe: ResourceProbe, cells: list[CellWindow] | None = None) -> Resou
     return probe.sample(cells or [], python_threads())
 
 
+@pytest.fixture(autouse=True)
+def without_real_tensorflow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hide a TensorFlow that another test imported into this process: the probe reads TF's figures whenever
+    it is imported, and these tests decide themselves whether TF is there (a fake one, or none)."""
+    for name in ("tensorflow", "tensorflow.python.eager.context"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+
+
 @pytest.fixture
 def nvml() -> Iterator[Any]:
     fake_nvml.reset()
@@ -101,6 +110,8 @@ def spawn() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
     def start(args: list[str] = WAITER) -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         started.append(proc)
+        if args is WAITER:
+            assert proc.stdout is not None and proc.stdout.readline() == b"up\n"  # blocks until it is up
         return proc
 
     yield start
