@@ -55,7 +55,9 @@ def ensure_chromium() -> None:
 
 def demo(args: argparse.Namespace) -> None:
     python = ensure_venv(VENV, "-e", f"{ROOT}[demo]")
-    command = [str(python), "-m", "jupyter", "lab", str(ROOT / "notebooks"), *args.extra]
+    # JupyterLab refuses to run as root without this flag (containers and CI machines often are root).
+    as_root = ["--allow-root"] if os.geteuid() == 0 and "--allow-root" not in args.extra else []
+    command = [str(python), "-m", "jupyter", "lab", str(ROOT / "notebooks"), *as_root, *args.extra]
     print("+", " ".join(command), flush=True)
     os.execv(command[0], command)
 
