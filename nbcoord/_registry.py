@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Literal
+from typing import Any, Literal
 
 #: The interpreter's own table of running threads (ident -> Thread); entries go when a thread's run() ends.
 _RUNNING: dict[int, threading.Thread] = threading._active  # type: ignore[attr-defined]
@@ -247,23 +247,6 @@ class Registry:
                 self._register(thread, parent, stack, owner, internal=internal, main_cell=cell, now=at)
             self._pending.extendleft(reversed(waiting))
 
-    def thread_started(
-        self,
-        thread: threading.Thread,
-        parent: threading.Thread,
-        frame: FrameType | None,
-        owner: Owner | None = None,
-        *,
-        internal: bool = False,
-    ) -> ThreadRecord:
-        """Register a thread that has just been started by ``parent``; ``frame`` is the caller of start()."""
-        stack = creation_stack(frame)
-        with self._lock:
-            self._drain()
-            return self._register(
-                thread, parent, stack, owner, internal=internal, main_cell=self._current_cell, now=self._clock()
-            )
-
     def _register(
         self,
         thread: threading.Thread,
@@ -285,14 +268,9 @@ class Registry:
                 cell = main_cell
             else:
                 cell = None
-            record = ThreadRecord(
-                tid=f"t{next(self._ids)}",
-                thread_ref=weakref.ref(thread),
-                name=thread.name,
-                ident=thread.ident,
-                native_id=thread.native_id,
-                daemon=thread.daemon,
-                started_at=now,
+            record = self._new_record(
+                thread,
+                now,
                 cell=cell,
                 parent_name=parent.name,
                 parent_tid=parent_record.tid if parent_record is not None else None,
@@ -300,7 +278,6 @@ class Registry:
                 # Threads started by the kernel's own threads (or by nbcoord's) count as theirs, not the user's.
                 preexisting=parent_record is not None and parent_record.preexisting and parent is not main,
                 internal=internal or (parent_record is not None and parent_record.internal),
-                last_active=now,
             )
             if owner is not None:
                 record.owners.append(owner)
@@ -313,24 +290,32 @@ class Registry:
         for thread in threading.enumerate():
             if thread.ident is None or thread.ident in self._by_ident:
                 continue
-            record = ThreadRecord(
-                tid=f"t{next(self._ids)}",
-                thread_ref=weakref.ref(thread),
-                name=thread.name,
-                ident=thread.ident,
-                native_id=thread.native_id,
-                daemon=thread.daemon,
-                started_at=now,
+            record = self._new_record(
+                thread,
+                now,
                 cell=None,
                 parent_name=None,
                 parent_tid=None,
                 creation_stack=[],
                 preexisting=True,
                 internal=internal(thread),
-                last_active=now,
             )
             with self._lock:
                 self._add(record)
+
+    def _new_record(self, thread: threading.Thread, now: float, **origin: Any) -> ThreadRecord:
+        """A record with a fresh id and what the Thread object itself says; ``origin`` says where it came from."""
+        return ThreadRecord(
+            tid=f"t{next(self._ids)}",
+            thread_ref=weakref.ref(thread),
+            name=thread.name,
+            ident=thread.ident,
+            native_id=thread.native_id,
+            daemon=thread.daemon,
+            started_at=now,
+            last_active=now,
+            **origin,
+        )
 
     def _add(self, record: ThreadRecord) -> None:
         # A finished thread's ident can be reused by the OS: the newer record wins.

@@ -16,13 +16,14 @@ import textwrap
 import threading
 import time
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import zmq
+from helpers import wait_until
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
@@ -33,14 +34,6 @@ from nbcoord import _fastcomm
 REPO = Path(__file__).resolve().parents[1]
 # The ipykernel 6 environment; CI creates it (see the README's development section).
 IK6_PYTHON = Path(os.environ.get("NBCOORD_IK6_PYTHON", REPO / ".venv-ik6" / "bin" / "python"))
-
-
-def wait_until(predicate: Callable[[], object], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
-        time.sleep(0.005)
 
 
 def stop_content(comm_id: str, click_id: str = "c1", **data: Any) -> dict[str, Any]:
@@ -156,9 +149,7 @@ def test_control_route_validates_and_hands_over(channel_thread: ChannelThread, r
     assert len(recorder.calls) == 2
 
 
-def test_control_route_chains_and_restores_previous_handler(
-    channel_thread: ChannelThread, recorder: Recorder
-) -> None:
+def test_control_route_chains_and_restores_previous_handler(channel_thread: ChannelThread, recorder: Recorder) -> None:
     seen: list[Any] = []
 
     def previous(stream: Any, idents: Any, msg: Any) -> str:
@@ -213,9 +204,7 @@ def test_shell_route_copies_only_ours_and_passes_everything_on(
     ]
     # The kernel can still deserialize (and record) what we peeked at.
     _, parts = kernel.session.feed_identities(sent[-1], copy=False)
-    assert kernel.session.deserialize(parts, content=True, copy=False)["content"] == stop_content(
-        "mine", "ok"
-    )
+    assert kernel.session.deserialize(parts, content=True, copy=False)["content"] == stop_content("mine", "ok")
     route.uninstall()
     assert kernel.shell_stream._recv_callback is original
     assert not worker_alive()
@@ -554,10 +543,7 @@ def test_uninstall_restores_the_kernel(kernel: Kernel) -> None:
     assert kernel.value(f"any(t.name == {_fastcomm.WORKER_THREAD_NAME!r} for t in threading.enumerate())")
     kernel.run("probe.route.uninstall()")
     assert kernel.value("all(a is b for a, b in zip(state(), before))") is True
-    assert (
-        kernel.value(f"[t.name for t in threading.enumerate() if t.name == {_fastcomm.WORKER_THREAD_NAME!r}]")
-        == []
-    )
+    assert kernel.value(f"[t.name for t in threading.enumerate() if t.name == {_fastcomm.WORKER_THREAD_NAME!r}]") == []
     # Clicks now take the ordinary path only.
     kernel.send_comm_msg(stop_content(comm_id, "after"))
     assert kernel.value("[d['content']['click_id'] for d in probe.ordinary]") == ["after"]

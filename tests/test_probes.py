@@ -25,6 +25,7 @@ from typing import Any, cast
 import fake_nvml
 import psutil
 import pytest
+from helpers import wait_until
 
 from nbcoord import _probes
 from nbcoord._probes import (
@@ -49,14 +50,6 @@ IMPOSSIBLE_PID = 2**22 + 17  # above Linux's largest pid_max: a PID of another n
 LINUX = sys.platform.startswith("linux")
 # Says it is up (so its exec and interpreter start are done), then lives until its stdin closes.
 WAITER = [sys.executable, "-c", "import sys; print('up', flush=True); sys.stdin.read()"]
-
-
-def wait_until(predicate: Callable[[], object], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
-        time.sleep(0.005)
 
 
 def later_than(moment: float, gap: float = 0.03) -> None:
