@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -32,10 +31,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from _kernels import kernel_env, kernel_manager
 from _results import result
 from jupyter_client.blocking.client import BlockingKernelClient
-from jupyter_client.kernelspec import KernelSpecManager
-from jupyter_client.manager import KernelManager
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET_MS = 200.0
@@ -177,16 +175,10 @@ class Bench:
 @contextmanager
 def kernel_client(python: str) -> Iterator[BlockingKernelClient]:
     with tempfile.TemporaryDirectory() as tmp:
-        spec_dir = Path(tmp) / "nbcoord-bench"
-        spec_dir.mkdir()
-        argv = [python, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
-        spec = {"argv": argv, "display_name": "bench", "language": "python"}
-        (spec_dir / "kernel.json").write_text(json.dumps(spec))
-        manager = KernelManager(kernel_name="nbcoord-bench", kernel_spec_manager=KernelSpecManager(kernel_dirs=[tmp]))
-        pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+        manager = kernel_manager(tmp, python)
         # The kernel's own logs (TensorFlow's among them) would interleave with the table.
         manager.start_kernel(
-            env={**os.environ, "PYTHONPATH": pythonpath},
+            env=kernel_env(),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -33,9 +32,9 @@ from typing import Any
 
 import psutil
 import zmq
+from _kernels import kernel_env, kernel_manager
 from _results import result
 from jupyter_client.blocking.client import BlockingKernelClient
-from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 
 REPO = Path(__file__).resolve().parents[1]
@@ -141,14 +140,9 @@ class Kernel:
 @contextmanager
 def kernel(python: str) -> Iterator[Kernel]:
     with tempfile.TemporaryDirectory() as tmp:
-        spec_dir = Path(tmp) / "nbcoord-bench"
-        spec_dir.mkdir()
-        argv = [python, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
-        (spec_dir / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "b", "language": "python"}))
-        manager = KernelManager(kernel_name="nbcoord-bench", kernel_spec_manager=KernelSpecManager(kernel_dirs=[tmp]))
-        pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+        manager = kernel_manager(tmp, python)
         manager.start_kernel(
-            env={**os.environ, "PYTHONPATH": pythonpath, "IPYTHONDIR": tmp},
+            env=kernel_env(IPYTHONDIR=tmp),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

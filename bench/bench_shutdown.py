@@ -1,6 +1,6 @@
 """Kernel shutdown with a leaked non-daemon thread: nbcoord vs the same kernel without it, in one run.
 
-Run: ``python bench/bench_shutdown.py [--repeat 2]`` (about 30 s on 2 cores, under 90 s).
+Run: ``python bench/bench_shutdown.py [--repeat 2]`` (about 60 s on 2 cores, under 2 minutes).
 
 For each kind of leak (a cooperative thread that polls ``nbcoord.should_stop()``, a ``while True: sleep`` loop
 that checks nothing, a thread blocked forever in ``Event().wait()``), a fresh kernel runs the leaking cell and is
@@ -10,14 +10,22 @@ process from the request to its exit and keeps its exit status. The baseline is 
 without ``%load_ext nbcoord`` (there ``nbcoord.should_stop()`` is always False: the cooperative thread leaks too).
 
 Targets (issue 3): <= 0.3 s with a cooperative or sleep-loop leak, clean exit status 0; with an unstoppable
-thread, <= shutdown budget (1.5 s by default) + 0.2 s. Each leak's figure is also printed as a ``RESULT`` line
-(bench/_results.py) for bench/run_all.py.
+thread, <= shutdown budget (1.5 s by default) + 0.2 s.
+
+Two more kinds of row (issue 10), each against its baseline in the same run:
+
+- an idle kernel (no thread leaked) with nbcoord loaded from IPython's configuration, as a server-wide set-up
+  loads it (before ipykernel starts its parent poller): at most 0.1 s added to the kernel's own shutdown;
+- a plain process (an IPython shell, no kernel) that exits leaving a daemon thread in ``Event().wait()``, or a
+  TensorFlow ``FileWriter`` open (its daemon ``EventLoggerThread``), with and without nbcoord: the time from the
+  end of its code to the process's exit, at most 0.3 s added.
+
+Each figure is also printed as a ``RESULT`` line (bench/_results.py) for bench/run_all.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import statistics
@@ -30,11 +38,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from _kernels import REPO, kernel_env, kernel_manager
 from _results import result
-from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 
-REPO = Path(__file__).resolve().parents[1]
 BUDGET_S = 1.5  # NBCoord.shutdown_budget's default
 
 LEAKS = {
@@ -58,6 +65,31 @@ threading.Thread(target=threading.Event().wait, name="leak-blocked").start()
 """,
 }
 TARGETS = {"cooperative": 0.3, "sleep-loop": 0.3, "unstoppable": BUDGET_S + 0.2}
+#: Added seconds allowed over the baseline: an idle kernel's shutdown, a process's exit with daemon threads.
+IDLE_ADDED_S = 0.1
+DAEMON_ADDED_S = 0.3
+
+EXIT_SCRIPT = """
+from IPython.core.interactiveshell import InteractiveShell
+shell = InteractiveShell.instance()
+if {load}:
+    shell.run_line_magic("load_ext", "nbcoord")
+result = shell.run_cell({leak!r}, store_history=True)
+assert result.success, result
+print("exiting", flush=True)
+"""
+DAEMON_LEAKS = {
+    "daemon thread in Event().wait()": """
+import threading
+threading.Thread(target=threading.Event().wait, name="daemon-blocked", daemon=True).start()
+""",
+    "TensorFlow FileWriter left open": """
+import tempfile
+import tensorflow as tf
+tf.compat.v1.disable_eager_execution()
+writer = tf.compat.v1.summary.FileWriter(tempfile.mkdtemp())
+""",
+}
 
 
 @dataclass
@@ -75,19 +107,14 @@ def describe(status: int | None) -> str:
     return f"{status} (clean)" if status == 0 else str(status)
 
 
-def start_kernel(workdir: str) -> tuple[KernelManager, Any]:
-    env = dict(
-        os.environ, IPYTHONDIR=workdir, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
-    )
-    # A kernel spec of our own: jupyter_client 8 ignores KernelManager.kernel_cmd, and "python3" may name another
-    # interpreter (a user-level kernel spec wins over this environment's).
-    spec_dir = Path(workdir) / "kernels" / "nbcoord-bench"
-    spec_dir.mkdir(parents=True)
-    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
-    (spec_dir / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "bench", "language": "python"}))
-    specs = KernelSpecManager(kernel_dirs=[str(spec_dir.parent)])
-    km = KernelManager(kernel_name="nbcoord-bench", kernel_spec_manager=specs)
-    km.start_kernel(env=env, cwd=workdir, stderr=subprocess.DEVNULL)  # its TCP warning, its shutdown logs
+def start_kernel(workdir: str, configured: bool = False) -> tuple[KernelManager, Any]:
+    if configured:  # loaded by IPython's configuration, as a server-wide set-up loads it
+        profile = Path(workdir) / "profile_default"
+        profile.mkdir(parents=True)
+        (profile / "ipython_kernel_config.py").write_text("c.InteractiveShellApp.extensions = ['nbcoord']\n")
+    km = kernel_manager(workdir)
+    # stderr: its TCP warning, its shutdown logs
+    km.start_kernel(env=kernel_env(IPYTHONDIR=workdir), cwd=workdir, stderr=subprocess.DEVNULL)
     kc = km.client()
     kc.start_channels()
     kc.wait_for_ready(timeout=60)
@@ -100,13 +127,13 @@ def run_cell(kc: Any, code: str) -> None:
         raise RuntimeError(f"cell failed: {reply['content']}")
 
 
-def measure(leak: str, with_nbcoord: bool) -> Shutdown:
+def measure(leak: str, with_nbcoord: bool, *, configured: bool = False) -> Shutdown:
     with tempfile.TemporaryDirectory(prefix="nbcoord-bench-") as workdir:
-        km, kc = start_kernel(workdir)
+        km, kc = start_kernel(workdir, configured=configured and with_nbcoord)
         try:
-            if with_nbcoord:
+            if with_nbcoord and not configured:
                 run_cell(kc, "%load_ext nbcoord")
-            run_cell(kc, LEAKS[leak])
+            run_cell(kc, LEAKS.get(leak, "pass"))
             process = km.provisioner.process  # type: ignore[union-attr]
             exited: list[float] = []
 
@@ -127,6 +154,76 @@ def measure(leak: str, with_nbcoord: bool) -> Shutdown:
             if km.has_kernel:
                 km.shutdown_kernel(now=True)
             km.cleanup_resources()
+
+
+def process_exit(leak: str, with_nbcoord: bool) -> float:
+    """Seconds from the end of a plain process's code to its exit (an IPython shell, no kernel)."""
+    script = EXIT_SCRIPT.format(load=with_nbcoord, leak=DAEMON_LEAKS[leak])
+    env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="3")
+    with tempfile.TemporaryDirectory(prefix="nbcoord-bench-") as workdir:
+        env["IPYTHONDIR"] = workdir
+        child = subprocess.Popen(
+            [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
+        )
+        assert child.stdout is not None
+        for line in child.stdout:
+            if line.strip() == "exiting":
+                break
+        ending = time.monotonic()
+        child.wait(60)
+        took = time.monotonic() - ending
+        child.stdout.close()
+        if child.returncode != 0:
+            raise RuntimeError(f"{leak}: exit status {child.returncode}")
+        return took
+
+
+def has_tensorflow() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("tensorflow") is not None
+
+
+def extra_rows(repeat: int) -> list[dict[str, Any]]:
+    """The idle kernel's shutdown and the plain process's exit with daemon threads, each vs its baseline."""
+    figures: list[dict[str, Any]] = []
+    ours = statistics.median(measure("idle", True, configured=True).exit_s for _ in range(repeat + 1))
+    base = statistics.median(measure("idle", False).exit_s for _ in range(repeat + 1))
+    added = ours - base
+    print(f"idle kernel, loaded by configuration: {ours:.3f} s vs {base:.3f} s without (added {added:+.3f} s)")
+    figures.append(
+        {
+            "name": "kernel shutdown, idle, nbcoord loaded by configuration",
+            "value": ours,
+            "baseline": base,
+            "unit": "s",
+            "target": f"<= +{IDLE_ADDED_S} s",
+            "met": added <= IDLE_ADDED_S,
+            "vs": "the same kernel without nbcoord",
+            "note": f"added {added:+.3f} s",
+        }
+    )
+    for leak in DAEMON_LEAKS:
+        if "TensorFlow" in leak and not has_tensorflow():
+            print(f"{leak}: skipped, TensorFlow is not installed")
+            continue
+        ours = statistics.median(process_exit(leak, True) for _ in range(repeat + 1))
+        base = statistics.median(process_exit(leak, False) for _ in range(repeat + 1))
+        added = ours - base
+        print(f"process exit, {leak}: {ours:.3f} s vs {base:.3f} s without (added {added:+.3f} s)")
+        figures.append(
+            {
+                "name": f"process exit, {leak}",
+                "value": ours,
+                "baseline": base,
+                "unit": "s",
+                "target": f"<= +{DAEMON_ADDED_S} s",
+                "met": added <= DAEMON_ADDED_S,
+                "vs": "the same process without nbcoord",
+                "note": f"added {added:+.3f} s",
+            }
+        )
+    return figures
 
 
 def main() -> None:
@@ -184,6 +281,8 @@ def main() -> None:
     print("ratio: without / with nbcoord. status '?': the repeats ended differently.")
     print("target: exit within the target time with status 0 (a clean exit: atexit ran, history saved).")
     print(f"targets met: {sum(met for _, met in verdicts)} of {len(verdicts)}")
+    print()
+    figures += extra_rows(args.repeat)
     for figure in figures:
         result(**figure)
     print(f"({time.monotonic() - began:.1f} s)")

@@ -745,7 +745,7 @@ function render({ model, el }) {
   function draw() {
     if (ui.pending) {
       const last = get("last_stop");
-      if (last && last.click_id === ui.pending.click_id) ui.pending = null;
+      if (last && (last.click_ids || [last.click_id]).includes(ui.pending.click_id)) ui.pending = null;
     }
     const scrolls = new Map([...body.querySelectorAll("[data-scroll]")].map((n) => [
       /** @type {HTMLElement} */ (n).dataset.scroll, n.scrollTop,

@@ -62,6 +62,9 @@ class NBCoordWarning(UserWarning):
 def _require() -> Any:
     if _extension is None:
         raise RuntimeError("nbcoord is not loaded; run %load_ext nbcoord first.")
+    from ._fork import ensure_owner
+
+    ensure_owner()
     return _extension
 
 
@@ -121,6 +124,16 @@ def stop_all(
         Raise :class:`ThreadStopped` in threads still running Python code late in the grace period.
     cell, thread, zombies
         Narrow the scope to one cell's threads, one thread (its id from the snapshot), or the zombies.
+
+    Only threads that cells started (and the threads those started) are ever stopped; the kernel's own threads
+    and nbcoord's never are.
+
+    Raises
+    ------
+    ValueError
+        ``thread`` names no live thread, or one that no cell started.
+    RuntimeError
+        nbcoord is not loaded, or this is a forked child of the process that loaded it.
     """
     kind: ScopeKind = (
         "cell" if cell is not None else "thread" if thread is not None else "zombies" if zombies else "all"
@@ -129,15 +142,18 @@ def stop_all(
 
 
 def should_stop() -> bool:
-    """True once a stop was requested for the calling thread. False when nbcoord is not loaded."""
-    return _extension is not None and bool(_extension.should_stop())
+    """True once a stop was requested for the calling thread. False when nbcoord is not loaded (or in a forked
+    child, where nbcoord does nothing)."""
+    if _extension is None:
+        return False
+    from ._fork import in_owner
+
+    return in_owner() and bool(_extension.should_stop())
 
 
 def wait_for_stop(timeout: float | None = None) -> bool:
     """Wait until a stop is requested for the calling thread; True if it was, False on timeout."""
-    if _extension is None:
-        raise RuntimeError("nbcoord is not loaded; run %load_ext nbcoord first.")
-    return bool(_extension.wait_for_stop(timeout))
+    return bool(_require().wait_for_stop(timeout))
 
 
 def on_stop(callback: Callable[[], None]) -> Callable[[], None]:

@@ -12,7 +12,10 @@ route for its own commands, chosen from what the running kernel offers:
     stream: a message that is a ``comm_msg`` for a registered comm id, with
     ``data.method == "custom"`` and an allowed ``content.type``, is copied to our worker
     thread; every message, ours included, then goes on to the callback that was there,
-    untouched. The front end needs to do nothing special.
+    untouched. The front end needs to do nothing special. One exception bounds a flood:
+    past ``FLOOD_PER_S`` commands taken in one second, the copies of the ones taken are
+    not passed on (the main thread would only drop them as duplicates, after about
+    0.7 ms of the kernel's own handling each).
 ``"control"`` (ipykernel 6, or 7 when the shell-channel internals are not found)
     Only the control channel is read off the main thread. We add a ``comm_msg`` entry
     to ``kernel.control_handlers`` that accepts only registered comm ids; the front end
@@ -40,8 +43,11 @@ import logging
 import queue
 import re
 import threading
+import time
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, Final, Literal
+
+from ._log import RateLimited
 
 __all__ = ["WORKER_THREAD_NAME", "FastRoute", "Handler", "RouteKind", "install"]
 
@@ -62,6 +68,10 @@ _DELIM: Final = b"<IDS|MSG>"
 # Comm ids that JSON writes verbatim, so that a byte search can pre-filter content.
 _PLAIN_ID: Final = re.compile(r"[A-Za-z0-9_.:-]+")
 
+_log_dropped = RateLimited(logging.WARNING, burst=3, window=60.0)
+_log_flood = RateLimited(logging.WARNING, burst=1, window=60.0)
+#: Panel commands a second above which the shell-channel route keeps their copies from the main thread.
+FLOOD_PER_S: Final = 20
 _logged_once: set[str] = set()
 _logged_once_lock = threading.Lock()
 
@@ -86,12 +96,14 @@ class _Worker:
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, comm_id: str, content: dict[str, Any]) -> None:
-        """Queue a command; never blocks (called on kernel channel threads)."""
+    def submit(self, comm_id: str, content: dict[str, Any]) -> bool:
+        """Queue a command; never blocks (called on kernel channel threads). False: dropped (queue full)."""
         try:
             self._queue.put_nowait((comm_id, content))
-        except queue.Full:
-            logger.warning("nbcoord fast route: handler is behind, dropped a %r command", content.get("type"))
+        except queue.Full:  # the ordinary route still delivers it, later
+            _log_dropped("nbcoord fast route: handler is behind; a command was left to the ordinary route")
+            return False
+        return True
 
     def stop(self) -> None:
         """Stop after the command being handled; pending commands are dropped."""
@@ -136,6 +148,9 @@ class FastRoute:
         self._active = False
         self._undo: Callable[[], None] | None = None
         self._worker: _Worker | None = None
+        # The flood counter: touched by the shell channel thread only.
+        self._window_start = 0.0
+        self._window_count = 0
 
     def __repr__(self) -> str:
         return f"<FastRoute {self}>"
@@ -178,20 +193,32 @@ class FastRoute:
             return bool(ids)
         return any(i.encode() in raw_content for i in ids)
 
-    def _offer(self, content: object) -> None:
-        """Hand ``content`` (a comm_msg's content) to the worker if it is ours."""
+    def _offer(self, content: object) -> bool:
+        """Hand ``content`` (a comm_msg's content) to the worker if it is ours; True when the worker took it."""
         if not self._active or not isinstance(content, Mapping):
-            return
+            return False
         comm_id = content.get("comm_id")
         if not isinstance(comm_id, str) or comm_id not in self._comm_ids:
-            return  # another widget's message: not ours to judge
+            return False  # another widget's message: not ours to judge
         command = _command(content.get("data"), self._types)
         if command is None:
             logger.debug("nbcoord fast route: ignored a message for comm %s", comm_id)
-            return
+            return False
         worker = self._worker
-        if worker is not None:
-            worker.submit(comm_id, command)
+        return worker is not None and worker.submit(comm_id, command)
+
+    def _flooded(self) -> bool:
+        """Count one command taken; True once more than ``FLOOD_PER_S`` were taken within the current second."""
+        now = time.monotonic()
+        if now - self._window_start >= 1.0:
+            self._window_start, self._window_count = now, 0
+        self._window_count += 1
+        if self._window_count <= FLOOD_PER_S:
+            return False
+        if self._window_count == FLOOD_PER_S + 1:
+            _log_flood("nbcoord fast route: more than %d panel commands a second; their shell copies are answered "
+                       "here and not passed to the main thread, which stays free for cells", FLOOD_PER_S)
+        return True
 
 
 def _command(data: object, types: frozenset[str]) -> dict[str, Any] | None:
@@ -224,17 +251,17 @@ def _as_bytes(part: object) -> bytes:
     raise TypeError(type(part).__name__)
 
 
-def _peek_shell(route: FastRoute, session: Any, frames: list[Any]) -> None:
-    """Find an accepted command in one raw shell message, leaving it untouched."""
+def _peek_shell(route: FastRoute, session: Any, frames: list[Any]) -> bool:
+    """Find an accepted command in one raw shell message, leaving it untouched; True when the worker took it."""
     start = next(i for i, frame in enumerate(frames) if _as_bytes(frame) == _DELIM) + 1
     if len(frames) < start + 5:
-        return
+        return False
     header = _as_bytes(frames[start + 1])
     if b"comm_msg" not in header:
-        return  # almost every message stops here, after copying a small header
+        return False  # almost every message stops here, after copying a small header
     content = _as_bytes(frames[start + 4])
     if not route._might_match(content):
-        return
+        return False
     head = [
         _as_bytes(frames[start]),
         header,
@@ -247,8 +274,8 @@ def _peek_shell(route: FastRoute, session: Any, frames: list[Any]) -> None:
     # "Duplicate Signature" and still delivers this message to the widget.
     message = session.deserialize(head, content=False, copy=True)
     if message["header"].get("msg_type") != "comm_msg":
-        return
-    route._offer(session.unpack(message["content"]))
+        return False
+    return route._offer(session.unpack(message["content"]))
 
 
 def _install_shell_channel(kernel: object, route: FastRoute) -> str | None:
@@ -271,9 +298,15 @@ def _install_shell_channel(kernel: object, route: FastRoute) -> str | None:
     def on_shell_message(frames: list[Any]) -> Any:
         if route._active:
             try:
-                _peek_shell(route, session, frames)
+                taken = _peek_shell(route, session, frames)
             except Exception:
                 logger.debug("nbcoord fast route: unreadable shell message", exc_info=True)
+                taken = False
+            if taken and route._flooded():
+                # In a flood, the ordinary copy of a command this route has taken would only be dropped as a
+                # duplicate, after costing the main thread the kernel's own handling of a message (about 0.7 ms):
+                # it is answered here instead. Below the rate, every message goes on as it came.
+                return None
         return original(frames)
 
     def undo() -> None:

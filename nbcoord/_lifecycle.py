@@ -15,11 +15,13 @@ from typing import Any
 
 import psutil
 
+from . import _fork, _log
 from ._config import NBCoord
+from ._internals import abandon_thread, exit_now, running_cell
 from ._probes import CellWindow, ResourceProbe, Resources, thread_cpu_seconds
 from ._registry import CellOutcome, Registry
 from ._report import ZOMBIE_WORDS
-from ._shutdown import ShutdownHooks, abandon_thread
+from ._shutdown import ShutdownHooks
 from ._snapshot import Snapshot, SnapshotBuilder
 from ._stop import ScopeKind, StopMechanism, StopReport, StopScope, ThreadStopped
 from ._threads import INTERNAL_PREFIX, Monitor, ThreadHooks
@@ -29,6 +31,9 @@ log = logging.getLogger("nbcoord")
 
 #: Threads whose CPU time is read per monitor tick (about 18 us each): bounds the monitor's cost.
 CPU_SAMPLES_PER_TICK = 64
+#: At shutdown, how long daemon threads are waited for: the interpreter itself would not wait for them at all,
+#: so only those about to finish (a record being written) get this long.
+SHUTDOWN_DAEMON_GRACE_S = 0.1
 
 
 def _ipython_major() -> int:
@@ -59,8 +64,14 @@ class Extension:
         self.snapshots = SnapshotBuilder(self.registry, lambda: self.config.grace_period)
         self.stopper = StopMechanism(self.registry, self._children_in_scope)
         self.stopper.on_report = self._remember_stop
-        self.shutdown = ShutdownHooks(self._shutdown_stop)
+        self.shutdown = ShutdownHooks(
+            self._shutdown_stop,
+            wait_limit=lambda: self.config.shutdown_budget + 0.5,
+            at_exit=self._leave_unstoppable,
+        )
         self.probe = ResourceProbe()
+        #: Non-daemon threads that would not stop at shutdown and that the interpreter could not be told to leave.
+        self._unjoinable: list[threading.Thread] = []
         self._user_stoppers: list[tuple[Callable[[], None], int | None]] = []
         self._own_stoppers: list[Callable[[], None]] = []
         self._cpu_cursor = 0
@@ -71,8 +82,23 @@ class Extension:
 
     # ---------------------------------------------------------------------------------------- install
     def install(self) -> None:
-        """Install hooks, events, the monitor and the shutdown routes."""
+        """Install hooks, events, the monitor and the shutdown routes; if one step fails, undo the others and
+        re-raise (a half-loaded extension could not be unloaded)."""
+        try:
+            self._install()
+        except BaseException:
+            self.uninstall()
+            raise
+
+    def _install(self) -> None:
+        _fork.claim()
+        self._undo.append(_fork.on_fork_child(self._forget_in_child))
+        self._undo.append(_log.install_handler())
         self.registry.adopt_existing(internal=lambda t: t.name.startswith(INTERNAL_PREFIX))
+        loading_cell = running_cell(self.shell)
+        if loading_cell is not None:
+            # Loaded by %load_ext in a cell: what the rest of that cell starts is that cell's, like any other.
+            self.registry.cell_started(*loading_cell)
         self.hooks.install()
         self._undo.append(self.hooks.uninstall)
         events = self.shell.events
@@ -92,6 +118,12 @@ class Extension:
         self._undo.append(self.shutdown.uninstall)
         self._undo.append(watch_tensorflow(self))
         self.installed = True
+
+    def _forget_in_child(self) -> None:
+        """In a forked child (see :mod:`nbcoord._fork`): every hook passes through, no route stops anything."""
+        self.installed = False
+        self.hooks.forget_in_child()
+        self.shutdown.forget_in_child()
 
     def add_own_stopper(self, stop: Callable[[], None]) -> Callable[[], None]:
         """Register how to stop one of nbcoord's own threads (the panel's sender); the shutdown runs it first."""
@@ -188,9 +220,29 @@ class Extension:
         cell: int | None = None,
         tid: str | None = None,
     ) -> StopReport:
-        """The one stop: every route (magic, API, panel, shutdown) comes here."""
+        """The one stop for the magic, the API and the panel (the shutdown calls the mechanism with its budget).
+
+        Raises
+        ------
+        ValueError
+            ``tid`` names no live thread, or one that no cell started (the kernel's own, or nbcoord's).
+        """
+        if kind == "thread":
+            self.check_stoppable(tid)
         grace = self.config.grace_period if grace is None else grace
         return self.stopper.stop(kind, grace=grace, force=force, cell=cell, tid=tid)
+
+    def check_stoppable(self, tid: str | None) -> None:
+        """Raise ValueError unless ``tid`` is a live thread of the user's (one a cell started)."""
+        record = self.registry.get(tid) if tid else None
+        if record is None or not record.is_alive():
+            raise ValueError(f"No live thread has the id {tid!r}; %nbcoord threads lists them.")
+        if not record.user:
+            owner = "nbcoord's own" if record.internal else "the kernel's"
+            raise ValueError(
+                f"Thread {tid} ({record.name!r}) is {owner}, not started by a cell: nbcoord stops only the threads "
+                "that cells started (and the threads those started)."
+            )
 
     def on_stop(self, callback: Callable[[], None]) -> Callable[[], None]:
         """Register a user callback, run by stops of everything or of the cell that registered it."""
@@ -235,7 +287,7 @@ class Extension:
     def _sample_thread_cpu(self) -> None:
         """CPU time of the user's threads, a bounded number per tick, so that a busy thread never looks idle
         (its innermost frame can look the same at every sample while it works)."""
-        records = [r for r in self.registry.records() if not r.preexisting and r.native_id is not None]
+        records = [r for r in self.registry.records() if r.user and r.native_id is not None]
         if not records:
             return
         start = self._cpu_cursor % len(records)
@@ -276,7 +328,8 @@ class Extension:
         self.monitor.stop(timeout=0.2)
 
     def _shutdown_stop(self, route: str) -> None:
-        """Stop nbcoord's own threads, then everything, within the budget; abandon what will not stop."""
+        """Stop nbcoord's own threads, then the user's, within the budget; non-daemon threads that would not stop
+        are left out of the interpreter's exit join (or, where it cannot be told, the exit ends the process)."""
         started = time.monotonic()
         budget = self.config.shutdown_budget
         own: list[Callable[[], None]] = [*self._own_stoppers, self._stop_monitor]
@@ -286,23 +339,45 @@ class Extension:
             except Exception:
                 log.warning("nbcoord: stopping an nbcoord thread failed", exc_info=True)
         report = self.stopper.stop(
-            "all", grace=budget, force=self.config.force_on_shutdown, force_after=self.config.shutdown_force_after
+            "all",
+            grace=max(0.0, budget - (time.monotonic() - started)),
+            force=self.config.force_on_shutdown,
+            force_after=self.config.shutdown_force_after,
+            daemon_grace=SHUTDOWN_DAEMON_GRACE_S,
         )
-        abandoned = [row["name"] for row in report["alive"]]
+        abandoned: list[str] = []
         for row in report["alive"]:
             record = self.registry.get(row["tid"])
             thread = record.thread if record is not None else None
-            if thread is not None and not thread.daemon:
-                abandon_thread(thread)
-        took = time.monotonic() - started
+            if thread is None or thread.daemon or not thread.is_alive():
+                continue  # the interpreter does not wait for daemon threads
+            if abandon_thread(thread):
+                abandoned.append(thread.name)
+            else:
+                self._unjoinable.append(thread)
         if abandoned:
-            log.warning(
-                "nbcoord: %s: abandoned %d thread(s) that would not stop: %s",
-                route,
-                len(abandoned),
-                abandoned,
-            )
-        log.info("nbcoord: %s: stopped %d thread(s) in %.3f s", route, len(report["stopped"]), took)
+            log.warning("nbcoord: %s: the exit will not wait for %d thread(s) that would not stop: %s",
+                        route, len(abandoned), abandoned)
+        log.info(
+            "nbcoord: %s: stopped %d thread(s) in %.3f s; %d still running",
+            route,
+            len(report["stopped"]),
+            time.monotonic() - started,
+            len(report["alive"]),
+        )
+
+    def _leave_unstoppable(self) -> None:
+        """At interpreter exit, after the stop: if a non-daemon thread that would not stop is still running and
+        the interpreter would wait for it, run the exit's remaining work and end the process."""
+        left = [thread for thread in self._unjoinable if thread.is_alive()]
+        if not left:
+            return
+        log.warning(
+            "nbcoord: ending the process without waiting for %d thread(s) that would not stop: %s",
+            len(left),
+            [thread.name for thread in left],
+        )
+        exit_now(0)
 
     # ------------------------------------------------------------------------------------------- views
     def snapshot(self, *, stacks: bool = False) -> Snapshot:

@@ -103,7 +103,7 @@ class NBCoordMagics(Magics):
 
     def _cmd_threads(self, args: Any) -> None:
         snapshot = self.extension.snapshot(stacks=args.stacks)
-        rows = [r for r in snapshot["threads"] if args.all or not r["preexisting"]]
+        rows = [r for r in snapshot["threads"] if args.all or r["user"]]
         lines = [_report.summary_line(snapshot)]
         lines += _report.threads_section(
             snapshot, rows, stacks=args.stacks, limit=self.extension.config.max_report_threads
@@ -124,10 +124,11 @@ class NBCoordMagics(Magics):
             raise UsageError("Choose one of --cell, --thread and --zombies.")
         if args.grace is not None and args.grace < 0:
             raise UsageError("--grace takes a number of seconds >= 0.")
-        if args.thread is not None and self.extension.registry.get(args.thread) is None:
-            raise UsageError(f"No live thread has the id {args.thread!r}; %nbcoord threads lists them.")
         kind: ScopeKind = scopes[0] if scopes else "all"  # type: ignore[assignment]
-        report = self.extension.stop(kind, grace=args.grace, force=args.force, cell=args.cell, tid=args.thread)
+        try:
+            report = self.extension.stop(kind, grace=args.grace, force=args.force, cell=args.cell, tid=args.thread)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
         print(_report.stop_report(report))
 
     def _cmd_config(self, args: Any) -> None:

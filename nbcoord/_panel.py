@@ -25,32 +25,41 @@ Without a widget front end (nbconvert, a terminal) the panel shows as the ``%nbc
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import logging
 import math
-import re
 import sys
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 import anywidget
 import traitlets
 
 from . import _fastcomm, _report
+from ._panel_commands import (
+    COMMAND_TYPES,
+    ClickLedger,
+    Command,
+    Rejected,
+    StopRunner,
+    is_number,
+    parse_command,
+    reject,
+)
 from ._snapshot import Snapshot, ThreadRow, format_stack
-from ._stop import ScopeKind, StopReport
+from ._stop import StopReport
 from ._threads import INTERNAL_PREFIX
+
+__all__ = ["COMMAND_TYPES", "Command", "NBCoordPanel", "PanelController", "Rejected", "panel_for", "parse_command"]
 
 log = logging.getLogger("nbcoord")
 
 SENDER_THREAD_NAME: Final = f"{INTERNAL_PREFIX}panel"
-#: Command types the front end may send; the fast route takes exactly these.
-COMMAND_TYPES: Final = frozenset({"stop", "stack", "view"})
 #: A view that has not renewed its lease for this long is taken as gone (the module renews every 20 s).
 VIEW_LEASE_S: Final = 60.0
 VIEW_RENEW_S: Final = 20.0
@@ -70,17 +79,7 @@ MAX_THREAD_ROWS: Final = 500
 #: turn the panel into a firehose.
 BYTES_PER_INTERVAL: Final = 64 * 1024
 _MAX_VIEWS: Final = 64
-_SEEN_CLICKS: Final = 512
-_ID: Final = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 _MIB: Final = 1 << 20
-
-_STOP_SCOPES: Final = frozenset({"all", "cell", "thread", "zombies"})
-_VIEW_ACTIONS: Final = frozenset({"open", "alive", "close"})
-_KEYS: Final = {
-    "stop": frozenset({"type", "click_id", "scope", "cell", "tid", "force", "clicked_at"}),
-    "stack": frozenset({"type", "click_id", "tid", "clicked_at"}),
-    "view": frozenset({"type", "click_id", "view_id", "action", "client_time"}),
-}
 
 
 def esm_path() -> Path:
@@ -91,131 +90,21 @@ def esm_path() -> Path:
     return Path(__file__).resolve().parent.parent / "js" / "panel.js"
 
 
-# ----------------------------------------------------------------------------------------------- commands
-class Rejected(ValueError):
-    """A command from the front end that is not one this kernel accepts."""
-
-
-@dataclass(frozen=True)
-class Command:
-    """A validated command from the front end."""
-
-    type: Literal["stop", "stack", "view"]
-    click_id: str
-    scope: ScopeKind = "all"
-    cell: int | None = None
-    tid: str | None = None
-    force: bool = False
-    view_id: str | None = None
-    action: str | None = None
-    client_time: float | None = None
-    clicked_at: float | None = None
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _checked_id(content: Mapping[str, Any], key: str) -> str:
-    value = content.get(key)
-    if not isinstance(value, str) or not _ID.fullmatch(value):
-        raise Rejected(f"{key} must be 1-64 characters of [A-Za-z0-9_.:-]")
-    return value
-
-
-def _optional_number(content: Mapping[str, Any], key: str) -> float | None:
-    value = content.get(key)
-    if value is None:
-        return None
-    if not _is_number(value):
-        raise Rejected(f"{key} must be a finite number")
-    return float(value)
-
-
-def parse_command(
-    content: object,
-    *,
-    thread_exists: Callable[[str], bool],
-    cell_exists: Callable[[int], bool],
-) -> Command:
-    """Validate a command from the front end against the ids this kernel issued; raise :class:`Rejected`."""
-    if not isinstance(content, Mapping):
-        raise Rejected("not an object")
-    kind = content.get("type")
-    if not isinstance(kind, str) or kind not in COMMAND_TYPES:
-        raise Rejected("unknown command type")
-    unknown = set(content) - _KEYS[kind]
-    if unknown:
-        raise Rejected(f"unexpected keys {sorted(map(str, unknown))[:5]}")
-    click_id = _checked_id(content, "click_id")
-    clicked_at = _optional_number(content, "clicked_at")
-    if kind == "view":
-        action = content.get("action")
-        if action not in _VIEW_ACTIONS:
-            raise Rejected("view action must be open, alive or close")
-        return Command(
-            "view",
-            click_id,
-            view_id=_checked_id(content, "view_id"),
-            action=str(action),
-            client_time=_optional_number(content, "client_time"),
-        )
-    if kind == "stack":
-        return Command("stack", click_id, tid=_known_thread(content, thread_exists), clicked_at=clicked_at)
-    return _parse_stop(content, click_id, clicked_at, thread_exists, cell_exists)
-
-
-def _known_thread(content: Mapping[str, Any], thread_exists: Callable[[str], bool]) -> str:
-    tid = _checked_id(content, "tid")
-    if not thread_exists(tid):
-        raise Rejected(f"no live thread has the id {tid!r}")
-    return tid
-
-
-def _parse_stop(
-    content: Mapping[str, Any],
-    click_id: str,
-    clicked_at: float | None,
-    thread_exists: Callable[[str], bool],
-    cell_exists: Callable[[int], bool],
-) -> Command:
-    scope = content.get("scope")
-    if scope not in _STOP_SCOPES:
-        raise Rejected("stop scope must be all, cell, thread or zombies")
-    force = content.get("force", False)
-    if not isinstance(force, bool):
-        raise Rejected("force must be true or false")
-    cell: int | None = None
-    tid: str | None = None
-    if scope == "cell":
-        value = content.get("cell")
-        if not isinstance(value, int) or isinstance(value, bool) or not cell_exists(value):
-            raise Rejected("no cell has that number")
-        cell = value
-    elif "cell" in content:
-        raise Rejected("cell goes only with scope cell")
-    if scope == "thread":
-        tid = _known_thread(content, thread_exists)
-    elif "tid" in content:
-        raise Rejected("tid goes only with scope thread")
-    return Command("stop", click_id, scope=scope, cell=cell, tid=tid, force=force, clicked_at=clicked_at)
-
-
 # -------------------------------------------------------------------------------------------------- state
 def _mib(n: object) -> int | None:
     """Bytes rounded to whole MiB (still in bytes), so that memory that did not move sends nothing."""
-    if not _is_number(n):
+    if not is_number(n):
         return None
     return round(float(n) / _MIB) * _MIB  # type: ignore[arg-type]
 
 
 def _t(value: object, digits: int = 2) -> float | None:
-    return round(float(value), digits) if _is_number(value) else None  # type: ignore[arg-type]
+    return round(float(value), digits) if is_number(value) else None  # type: ignore[arg-type]
 
 
 def _significant(value: float | None, digits: int = 2) -> float | None:
     """``value`` to ``digits`` significant digits: CPU seconds that grow all the time change rarely."""
-    if value is None or not _is_number(value) or value <= 0:
+    if value is None or not is_number(value) or value <= 0:
         return value
     return round(value, digits - 1 - math.floor(math.log10(value)))
 
@@ -253,7 +142,7 @@ def _header(snapshot: Snapshot, user: list[ThreadRow], shown: int, route: str, i
         "pid": snapshot["pid"],
         "threads": len(user),
         "threads_shown": shown,
-        "kernel_threads": sum(1 for r in snapshot["threads"] if r["alive"] and r["preexisting"]),
+        "kernel_threads": sum(1 for r in snapshot["threads"] if r["alive"] and not r["user"]),
         "zombies": snapshot["zombie_count"],
         "queues": len(snapshot["queues"]),
         "running_cell": running["execution_count"] if running is not None else None,
@@ -281,7 +170,7 @@ def _cells(snapshot: Snapshot, rows: Iterable[ThreadRow]) -> list[dict[str, Any]
 def _queue_row(queue: Mapping[str, Any]) -> dict[str, Any]:
     row = {key: value for key, value in queue.items() if key != "history"}
     for key in ("enqueue_rate", "dequeue_rate"):
-        if _is_number(row.get(key)):
+        if is_number(row.get(key)):
             row[key] = round(float(row[key]), 1)
     return row
 
@@ -294,7 +183,7 @@ def _blocked_row(row: Mapping[str, Any]) -> dict[str, Any]:
     """
     out = dict(row)
     seconds, text, since = out.get("seconds"), out.get("text"), out.get("since")
-    if isinstance(seconds, (int, float)) and _is_number(since) and isinstance(text, str):
+    if isinstance(seconds, (int, float)) and is_number(since) and isinstance(text, str):
         written = f"{float(seconds):.1f} s"
         if written in text:
             out["text"] = text.replace(written, "{duration}", 1)
@@ -343,12 +232,12 @@ def _resources(resources: Mapping[str, Any] | None) -> dict[str, Any] | None:
 
 
 def _close_enough(new: object, old: object, tolerance: float) -> bool:
-    return _is_number(new) and _is_number(old) and abs(float(new) - float(old)) < tolerance  # type: ignore[arg-type]
+    return is_number(new) and is_number(old) and abs(float(new) - float(old)) < tolerance  # type: ignore[arg-type]
 
 
 def _memory_close(new: object, old: object) -> bool:
     """Memory figures within 2 MiB or 1 % of each other: below what the panel shows."""
-    return _is_number(old) and _close_enough(new, old, max(2 * _MIB, abs(float(old)) / 100))  # type: ignore[arg-type]
+    return is_number(old) and _close_enough(new, old, max(2 * _MIB, abs(float(old)) / 100))  # type: ignore[arg-type]
 
 
 def steady_resources(new: dict[str, Any] | None, old: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -427,7 +316,7 @@ def panel_state(
     stop_extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The panel's traits (all but history) from one snapshot. Pure: the same snapshot gives the same JSON."""
-    user = sorted((r for r in snapshot["threads"] if r["alive"] and not r["preexisting"]), key=_sort_key)
+    user = sorted((r for r in snapshot["threads"] if r["alive"] and r["user"]), key=_sort_key)
     shown = user[:MAX_THREAD_ROWS]
     return {
         "header": _header(snapshot, user, len(shown), route, interval),
@@ -460,7 +349,7 @@ def change_points(
     """
     kept: list[list[Any]] = []
     for point in points:
-        if not point or not _is_number(point[0]) or point[0] < now - HISTORY_WINDOW_S:
+        if not point or not is_number(point[0]) or point[0] < now - HISTORY_WINDOW_S:
             continue
         values = list(point[1:])
         if kept and _same(kept[-1][1:], values, close):
@@ -628,9 +517,10 @@ class PanelController:
     def __init__(self, extension: Any) -> None:
         self.extension = extension
         self.closed = False
-        self._lock = threading.Lock()  # guards _views, _had_view, _seen, _pending, _pending_until, _stop_extra
+        self._lock = threading.Lock()  # guards _views, _had_view, _pending, _pending_until, _stop_extra
         self._views: dict[str, float] = {}  # view id -> lease end (monotonic)
-        self._seen: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._clicks = ClickLedger()
+        self._stops = StopRunner(self._run_stop, self._stop_done)
         self._pending: dict[str, Any] = {}  # one-off traits (stack, clock) for the next tick
         self._pending_until = time.monotonic() + PENDING_VIEW_S
         self._stop_extra: dict[str, Any] | None = None
@@ -658,7 +548,7 @@ class PanelController:
         self.widget._fast_route = {"kind": self.route.kind, "comm_id": comm_id}
         self._sender = _Sender(self._tick, self._wait, self._watched)
         self._sender.start()
-        self._remove_own_stopper = extension.add_own_stopper(self.stop_sender)
+        self._remove_own_stopper = extension.add_own_stopper(self.stop_threads)
         extension.add_undo(self.close)
         # A cell starting or ending changes the header at once (and the front end's expectation of beats).
         self._events = getattr(extension.shell, "events", None)
@@ -668,8 +558,14 @@ class PanelController:
 
     # ----------------------------------------------------------------------------------------- lifecycle
     def stop_sender(self) -> None:
-        """Stop the sender thread (the shutdown runs this before it stops anything else)."""
+        """Stop the sender thread (tests drive ticks themselves then)."""
         self._sender.stop()
+
+    def stop_threads(self) -> None:
+        """Stop the panel's threads: the sender, and the stop runner after its running stop (the shutdown runs
+        this before it stops anything else)."""
+        self._sender.stop()
+        self._stops.close(timeout=0.2)
 
     def close(self) -> None:
         """Stop the sender, remove the fast route, close the widget (its views disappear). Idempotent."""
@@ -683,6 +579,7 @@ class PanelController:
                 except ValueError:
                     log.debug("nbcoord: panel's %s callback was already gone", event)
         self._sender.stop()
+        self._stops.close()
         self._remove_own_stopper()
         self.route.uninstall()
         try:
@@ -815,13 +712,13 @@ class PanelController:
         try:
             command = parse_command(
                 content,
-                thread_exists=lambda tid: (r := registry.get(tid)) is not None and not r.internal,
+                thread_exists=lambda tid: (r := registry.get(tid)) is not None and r.user and r.is_alive(),
                 cell_exists=lambda n: registry.cell(n) is not None,
             )
         except Rejected as why:
-            log.warning("nbcoord: panel rejected a command (%s): %.300r", why, content)
+            reject(why, content)
             return
-        if not self._first_time(command.click_id):
+        if not self._clicks.first_time(command.click_id):
             self.duplicates.append(command.click_id)  # the other route's copy: already handled
             return
         if command.type == "view":
@@ -829,16 +726,7 @@ class PanelController:
         elif command.type == "stack":
             self._stack(command)
         else:
-            self._stop(command, route, received)
-
-    def _first_time(self, click_id: str) -> bool:
-        with self._lock:
-            if click_id in self._seen:
-                return False
-            self._seen[click_id] = None
-            while len(self._seen) > _SEEN_CLICKS:
-                self._seen.popitem(last=False)
-            return True
+            self._stops.submit(dataclasses.replace(command, route=route, received_at=received))
 
     def _view(self, command: Command) -> None:
         assert command.view_id is not None
@@ -875,22 +763,31 @@ class PanelController:
             self._pending["stack"] = stack
         self._sender.wake()
 
-    def _stop(self, command: Command, route: str, received: float) -> None:
+    def _run_stop(self, command: Command) -> StopReport:
+        """The stop runner's action: the extension's one stop (on the runner's thread)."""
         report: StopReport = self.extension.stop(command.scope, force=command.force, cell=command.cell, tid=command.tid)
+        return report
+
+    def _stop_done(self, commands: list[Command], report: StopReport) -> None:
+        """Tell the views which clicks a stop answered (the first, and up to 64 that joined it)."""
+        first = commands[0]
         extra = {
             "started_at": report["started_at"],
-            "click_id": command.click_id,
-            "route": route,
-            "received_at": round(received, 4),
-            "clicked_at": command.clicked_at,
+            "click_id": first.click_id,
+            "click_ids": [command.click_id for command in commands[-64:]],
+            "clicks": len(commands),
+            "route": first.route,
+            "received_at": round(first.received_at or report["started_at"], 4),
+            "clicked_at": first.clicked_at,
         }
         with self._lock:
             self._stop_extra = extra
         log.info(
-            "nbcoord: panel stop %s (%s) by the %s route: %d stopped, %d still alive",
-            command.click_id,
-            command.scope,
-            route,
+            "nbcoord: panel stop %s (%s, %d click(s)) by the %s route: %d stopped, %d still alive",
+            first.click_id,
+            first.scope,
+            len(commands),
+            first.route,
             len(report["stopped"]),
             len(report["alive"]),
         )

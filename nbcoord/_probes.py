@@ -667,8 +667,15 @@ class ResourceProbe:
         with self._lock:
             return [p.copy() for p in self._history]
 
+    def _foreign(self) -> bool:
+        """Whether this probe runs in another process than the one it watches (a forked child of it): there it
+        must never report, let alone offer to signal, that process's children."""
+        return os.getpid() != int(self._process.pid)
+
     def children(self) -> list[psutil.Process]:
         """Every live descendant of the process, read now (for the stop mechanism to terminate)."""
+        if self._foreign():
+            return []
         try:
             kids: list[psutil.Process] = self._process.children(recursive=True)
         except psutil.Error:
@@ -678,6 +685,8 @@ class ResourceProbe:
 
     def children_in_cells(self, cells: Sequence[CellWindow]) -> list[tuple[psutil.Process, int | None, float]]:
         """Every live descendant read now, with the cell that started it and its exact start (for the stop)."""
+        if self._foreign():
+            return []
         none: list[_ChildRead] = []
         rows = self._guard("children", self._read_children, none)
         cell_of = _attribute(rows, cells, self._process.pid)

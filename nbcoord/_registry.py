@@ -23,8 +23,11 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, Literal
 
-#: The interpreter's own table of running threads (ident -> Thread); entries go when a thread's run() ends.
-_RUNNING: dict[int, threading.Thread] = threading._active  # type: ignore[attr-defined]
+from ._internals import running_threads
+
+#: The interpreter's own table of running threads (ident -> Thread), looked up when the first Registry is made;
+#: None where this Python has none (liveness then comes from ``Thread.is_alive()``).
+_running: dict[int, threading.Thread] | None = None
 
 CellOutcome = Literal["running", "ok", "error", "interrupted"]
 ZombieReason = Literal["cell-interrupted", "cell-error", "stop-ignored", "owner-closed"]
@@ -113,6 +116,8 @@ class ThreadRecord:
     creation_stack: list[tuple[str, int, str]]
     preexisting: bool = False
     internal: bool = False
+    #: Claimed as the user's by an integration although no cell started it (a QueueRunner started before load).
+    claimed: bool = False
     owners: list[Owner] = field(default_factory=list)
     #: creation_stack as text, made on the first view that asks and kept (it never changes).
     creation_lines: list[str] | None = None
@@ -129,6 +134,13 @@ class ThreadRecord:
         """The live Thread object, or None once it is gone."""
         return self.thread_ref()
 
+    @property
+    def user(self) -> bool:
+        """Whether this is the user's thread: started by a cell (or by a thread a cell started), or claimed by an
+        integration. Only the user's threads are ever stopped, forced or called zombies; the kernel's own threads
+        (started before nbcoord, or outside any cell) never are."""
+        return not self.internal and (self.cell is not None or self.claimed)
+
     def is_alive(self) -> bool:
         """Whether the thread is still running.
 
@@ -136,7 +148,10 @@ class ThreadRecord:
         KeyboardInterrupt during ``join()`` marks a live thread as stopped, and the OS reuses idents at once.
         """
         thread = self.thread_ref()
-        return thread is not None and self.ident is not None and _RUNNING.get(self.ident) is thread
+        if thread is None or self.ident is None:
+            return False
+        table = _running
+        return table.get(self.ident) is thread if table is not None else thread.is_alive()
 
 
 def creation_stack(frame: FrameType | None, depth: int = CREATION_STACK_DEPTH) -> list[tuple[str, int, str]]:
@@ -153,6 +168,9 @@ class Registry:
     """Thread-safe record of threads and cells for one kernel."""
 
     def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
+        global _running
+        if _running is None:
+            _running = running_threads()  # None again where this Python has no such table
         self._clock = clock
         # Guards _threads, _by_ident, _cells, _current_cell, _failures and every record's mutable fields.
         self._lock = threading.RLock()
@@ -166,7 +184,6 @@ class Registry:
         self._pending: deque[PendingStart] = deque()
         #: Records by the cell that started them (keyed by the CellInfo's id), for per-cell hooks.
         self._by_cell: dict[int, list[ThreadRecord]] = {}
-        self.created_at = clock()
 
     # ----------------------------------------------------------------------------------------------- cells
     def cell_started(self, execution_count: int, cell_id: str | None, source: str) -> CellInfo:
@@ -278,6 +295,7 @@ class Registry:
                 # Threads started by the kernel's own threads (or by nbcoord's) count as theirs, not the user's.
                 preexisting=parent_record is not None and parent_record.preexisting and parent is not main,
                 internal=internal or (parent_record is not None and parent_record.internal),
+                claimed=parent_record is not None and parent_record.claimed,
             )
             if owner is not None:
                 record.owners.append(owner)
@@ -336,13 +354,19 @@ class Registry:
         with self._lock:
             return [record for record in self._by_cell.get(id(cell), []) if record.is_alive()]
 
-    def add_owner(self, thread: threading.Thread, owner: Owner) -> None:
-        """Attach an owner to a registered thread (integrations call this)."""
+    def add_owner(self, thread: threading.Thread, owner: Owner, *, claim: bool = False) -> None:
+        """Attach an owner to a registered thread (integrations call this).
+
+        ``claim``: the owner proves the thread is the user's work although no cell started it (a QueueRunner's
+        thread found running when nbcoord loads); from then on it is stopped and judged like a cell's thread.
+        """
         self._drain()
         record = self.for_thread(thread)
         if record is not None:
             with self._lock:
                 record.owners.append(owner)
+                if claim and not record.internal:
+                    record.claimed = True
 
     def for_thread(self, thread: threading.Thread) -> ThreadRecord | None:
         """The record of a Thread object, if registered."""
@@ -390,7 +414,7 @@ class Registry:
         self, record: ThreadRecord, grace_period: float, *, alive: bool | None = None
     ) -> ZombieReason | None:
         """Why a live thread counts as a zombie, or None when it does not (``alive``: if already known)."""
-        if record.internal or not (record.is_alive() if alive is None else alive):
+        if not record.user or not (record.is_alive() if alive is None else alive):
             return None
         if record.stop_requested_at is not None and self._clock() - record.stop_requested_at > grace_period:
             return "stop-ignored"

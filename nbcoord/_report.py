@@ -30,6 +30,8 @@ def thread_line(row: ThreadRow, now: float, *, stacks: bool = False) -> str:
     if row["zombie"]:
         parts.append(f"ZOMBIE: {ZOMBIE_WORDS.get(row['zombie'], row['zombie'])}")
     parts.append("daemon" if row["daemon"] else "non-daemon")
+    if not row["user"]:
+        parts.append("not the user's: never stopped")
     if row["owners"]:
         parts.append(f"owner: {_owners(row)}")
     idle = now - row["last_active"]
@@ -47,7 +49,7 @@ def thread_line(row: ThreadRow, now: float, *, stacks: bool = False) -> str:
 
 def _cell_title(snapshot: Snapshot, cell: int | None) -> str:
     if cell is None:
-        return "Not started by a cell (before nbcoord was loaded, or by the kernel)"
+        return "Not started by a cell (the kernel's own, or from before nbcoord was loaded: never stopped)"
     info = next((c for c in snapshot["cells"] if c["execution_count"] == cell), None)
     if info is None:
         return f"Cell [{cell}]"
@@ -80,7 +82,7 @@ def threads_section(snapshot: Snapshot, rows: Iterable[ThreadRow], *, stacks: bo
 
 def report(snapshot: Snapshot, *, show_all: bool = False, stacks: bool = False, limit: int = 200) -> str:
     """The full text report: summary, zombies and threads by cell, queues, blocked runs, failures, memory."""
-    threads = [r for r in snapshot["threads"] if show_all or not r["preexisting"]]
+    threads = [r for r in snapshot["threads"] if show_all or r["user"]]
     lines = [summary_line(snapshot)]
     if threads:
         lines += threads_section(snapshot, threads, stacks=stacks, limit=limit)

@@ -49,6 +49,7 @@ class ThreadRow(TypedDict):
     parent: str | None
     owners: list[OwnerRow]
     preexisting: bool
+    user: bool  # started by a cell (or claimed by an integration): the only threads a stop ever touches
     state: str
     zombie: str | None
     stop_requested_at: float | None
@@ -183,6 +184,7 @@ class SnapshotBuilder:
             "parent": record.parent_name,
             "owners": [{"kind": o.kind, "label": o.label, "closed": o.closed()} for o in record.owners],
             "preexisting": record.preexisting,
+            "user": record.user,
             "state": thread_state(record, frame),
             "zombie": self._registry.zombie_reason(record, grace, alive=alive),
             "stop_requested_at": record.stop_requested_at,

@@ -7,28 +7,37 @@ In order, against one deadline:
    knows how to stop (a ``concurrent.futures`` executor: shut down with pending work cancelled) is stopped;
    child processes in scope are sent SIGTERM;
 3. all threads are joined together against the deadline (a shared deadline, so the wait is parallel, never
-   one full timeout after another);
+   one full timeout after another); daemon threads may be given a shorter deadline of their own (at exit the
+   interpreter would not wait for them at all);
 4. with ``force``, threads still alive at 70% of the grace period get :class:`ThreadStopped` raised in them; a
    thread blocked in a C call cannot receive it and is reported as unstoppable instead of being waited on;
 5. child processes still alive are killed.
 
-The stop never raises: what would not stop is in the report.
+Only the user's threads are ever in scope: those a cell started (directly or through its threads) and those an
+integration claimed. The kernel's own threads (IOPub, Control, heartbeat, the shell channel, the parent poller)
+and nbcoord's are never selected, whatever the request names.
+
+One stop runs at a time. A request for the same scope that arrives while a stop runs joins it and gets its
+report (a burst of clicks is one stop); another request waits for the running stop, inside its own grace
+period. The stop never raises: what would not stop is in the report.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
+import os
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, TypedDict
 
 import psutil
 
+from . import _fork
 from ._callbacks import Callbacks
+from ._internals import raise_in_thread
 from ._registry import Registry, ThreadRecord
 from ._snapshot import format_stack
 
@@ -39,6 +48,9 @@ ScopeKind = Literal["all", "cell", "thread", "zombies"]
 FORCE_AT = 0.7
 #: How long an idle join poll sleeps; short so that a stop that finishes early returns early.
 JOIN_POLL_S = 0.005
+#: How long past its own deadline a running stop is waited for before it is taken as stuck (a stopper that
+#: does not return).
+STUCK_AFTER_S = 1.0
 
 
 class ThreadStopped(BaseException):
@@ -57,10 +69,6 @@ class StopScope:
     def remaining(self) -> float:
         """Seconds left before the deadline."""
         return max(0.0, self.deadline - time.monotonic())
-
-    def includes(self, thread: threading.Thread) -> bool:
-        """Whether this thread is in scope."""
-        return any(record.thread is thread for record in self.records)
 
 
 Stopper = Callable[[StopScope], None]
@@ -99,40 +107,71 @@ class StopReport(TypedDict):
     children: ChildOutcome
 
 
-def raise_in_thread(ident: int, exc_type: type[BaseException]) -> bool:
-    """Ask the interpreter to raise ``exc_type`` in another thread at its next Python instruction."""
-    done = ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(exc_type))
-    if done > 1:  # more than one thread state touched: undo, as CPython's docs require
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), None)
-        return False
-    return bool(done == 1)
+@dataclass(frozen=True)
+class StopRequest:
+    """What a stop was asked to do; two equal requests are one stop when the second arrives during the first."""
+
+    kind: ScopeKind = "all"
+    cell: int | None = None
+    tid: str | None = None
+    force: bool = False
+
+
+@dataclass(eq=False)
+class _Running:
+    request: StopRequest
+    deadline: float
+    thread: threading.Thread
+    started: float = field(default_factory=time.monotonic)
+    done: threading.Event = field(default_factory=threading.Event)
+    report: StopReport | None = None
+
+
+def _empty_report(request: StopRequest, grace: float, error: str) -> StopReport:
+    return StopReport(
+        scope=request.kind,
+        cell=request.cell,
+        grace=grace,
+        force=request.force,
+        started_at=time.time(),
+        took_s=0.0,
+        stopped=[],
+        alive=[],
+        stopper_errors=[StopperError(stopper="stop", error=error)],
+        children=ChildOutcome(terminated=[], killed=[], alive=[]),
+    )
 
 
 class StopMechanism:
-    """Runs stops. One at a time: a second request waits for the first (which is bounded) and then runs."""
+    """Runs stops, one at a time; see the module docstring."""
 
     def __init__(self, registry: Registry, find_children: ChildFinder | None = None) -> None:
         self._registry = registry
         self._find_children = find_children
         self._stoppers: Callbacks[Stopper] = Callbacks()
-        self._running = threading.Lock()  # held while a stop runs
+        self._lock = threading.Lock()  # guards _running
+        self._running: _Running | None = None
         self.on_report: Callable[[StopReport], None] | None = None
+        #: The process this mechanism was made in: it never acts in another one (a forked child of it).
+        self._pid = os.getpid()
 
     def add_stopper(self, name: str, stopper: Stopper) -> Callable[[], None]:
         """Register a stopper; returns the function that removes it."""
         return self._stoppers.add(name, stopper)
 
+    def running(self) -> StopRequest | None:
+        """The request of the stop running now, if any."""
+        running = self._running
+        return running.request if running is not None else None
+
     # ------------------------------------------------------------------------------------------- scope
     def select(self, kind: ScopeKind, *, cell: int | None, tid: str | None, grace: float) -> list[ThreadRecord]:
-        """The live, user-visible threads a stop of this scope concerns (never the caller or the main thread)."""
+        """The live threads of the user a stop of this scope concerns (never the caller or the main thread)."""
         me = threading.current_thread()
         main = threading.main_thread()
-        candidates = [r for r in self._registry.records() if r.thread is not me and r.thread is not main]
+        candidates = [r for r in self._registry.records() if r.user and r.thread is not me and r.thread is not main]
         if kind == "thread":
             return [r for r in candidates if r.tid == tid]
-        # Threads that were there before nbcoord (the kernel's own among them) are stopped only by id, unless an
-        # integration claimed them as user work (a QueueRunner started before %load_ext has owners).
-        candidates = [r for r in candidates if not r.preexisting or r.owners]
         if kind == "cell":
             return [r for r in candidates if r.cell is not None and r.cell.execution_count == cell]
         if kind == "zombies":
@@ -149,24 +188,39 @@ class StopMechanism:
         cell: int | None = None,
         tid: str | None = None,
         force_after: float | None = None,
+        daemon_grace: float | None = None,
     ) -> StopReport:
         """Stop the threads (and child processes) in scope within ``grace`` seconds; never raises.
 
         ``force_after`` is when, in seconds from the start, a forced stop is tried (default: 70% of ``grace``).
+        ``daemon_grace``: daemon threads are waited for this long at most (the exit does not wait for them).
+        Time spent waiting for another stop to finish counts towards ``grace``.
         """
         started = time.monotonic()
         deadline = started + grace
-        acquired = self._running.acquire(timeout=grace + 1.0)
-        if not acquired:
-            log.warning("nbcoord: another stop is still running; this one proceeds without waiting")
+        request = StopRequest(kind, cell, tid, force)
+        if _fork.forked or os.getpid() != self._pid:
+            return _empty_report(request, grace, "not run: this is a forked child, where nbcoord does nothing")
+        mine = self._claim_or_join(request, deadline, grace)
+        if not isinstance(mine, _Running):
+            return mine
         try:
             records = self.select(kind, cell=cell, tid=tid, grace=grace)
             scope = StopScope(kind, records, cell, deadline)
             force_at = started + (grace * FORCE_AT if force_after is None else min(force_after, grace))
-            report = self._run(scope, grace=grace, force_at=force_at if force else None, started=started)
+            daemon_deadline = None if daemon_grace is None else min(deadline, time.monotonic() + daemon_grace)
+            report = self._run(
+                scope, grace=grace, force_at=force_at if force else None, daemon_deadline=daemon_deadline
+            )
+            report["took_s"] = time.monotonic() - started
+        except Exception as exc:  # a bug of nbcoord's own must not break the caller's cell
+            log.warning("nbcoord: the stop failed", exc_info=True)
+            report = _empty_report(request, grace, f"the stop failed: {type(exc).__name__}: {exc}")
         finally:
-            if acquired:
-                self._running.release()
+            with self._lock:
+                self._running = None
+        mine.report = report
+        mine.done.set()
         if self.on_report is not None:
             try:
                 self.on_report(report)
@@ -174,14 +228,44 @@ class StopMechanism:
                 log.warning("nbcoord: stop report listener failed", exc_info=True)
         return report
 
-    def _run(self, scope: StopScope, *, grace: float, force_at: float | None, started: float) -> StopReport:
+    def _claim_or_join(self, request: StopRequest, deadline: float, grace: float) -> _Running | StopReport:
+        """Become the running stop (returns its state), or join an equal one that runs (returns its report).
+
+        A different running stop is waited for until this request's deadline: one stop at a time, each bounded.
+        """
+        me = threading.current_thread()
+        while True:
+            with self._lock:
+                running = self._running
+                if running is None:
+                    self._running = _Running(request, deadline, me)
+                    return self._running
+            if running.thread is me:
+                return _empty_report(request, grace, "not run: a stop cannot start another stop (from a stopper)")
+            wait = max(0.0, (deadline if running.request != request else running.deadline) - time.monotonic())
+            finished = running.done.wait(wait + (STUCK_AFTER_S if running.request == request else 0.0))
+            if finished and running.request == request and running.report is not None:
+                return running.report  # joined: one stop, one report
+            if not finished:
+                late = time.monotonic() - running.started
+                return _empty_report(
+                    request,
+                    grace,
+                    f"not run: another stop ({running.request.kind}) has been running for {late:.1f} s",
+                )
+            # The other stop finished: try again to become the running one.
+
+    def _run(
+        self, scope: StopScope, *, grace: float, force_at: float | None, daemon_deadline: float | None
+    ) -> StopReport:
         wall_start = time.time()
         self._registry.request_stop(scope.records)
         errors = self._run_stoppers(scope)
         errors += self._stop_owners(scope)
         children = list(self._find_children(scope.kind, scope.cell)) if self._find_children else []
+        children = [child for child in children if child.pid != os.getpid()]
         terminated = _signal_children(children, kill=False)
-        forced = _join_all(scope.records, scope.deadline, force_at)
+        forced = _join_all(scope.records, scope.deadline, force_at, daemon_deadline)
         child_outcome = _finish_children(children, terminated, scope.deadline)
         stopped, alive = _outcomes(scope.records, forced)
         report = StopReport(
@@ -190,7 +274,7 @@ class StopMechanism:
             grace=grace,
             force=force_at is not None,
             started_at=wall_start,
-            took_s=time.monotonic() - started,
+            took_s=0.0,
             stopped=stopped,
             alive=alive,
             stopper_errors=errors,
@@ -228,14 +312,21 @@ class StopMechanism:
         return errors
 
 
-def _join_all(records: list[ThreadRecord], deadline: float, force_at: float | None) -> set[str]:
-    """Wait for all threads together until the deadline; returns the tids that were forced."""
+def _join_all(
+    records: list[ThreadRecord], deadline: float, force_at: float | None, daemon_deadline: float | None = None
+) -> set[str]:
+    """Wait for all threads together until the deadline (daemon threads: ``daemon_deadline``, when given);
+    returns the tids that were forced."""
     forced: set[str] = set()
     pending = [r for r in records if r.is_alive()]
     while pending:
         now = time.monotonic()
         if force_at is not None and now >= force_at and not forced:
             forced = _force(pending)
+        if daemon_deadline is not None and now >= daemon_deadline:
+            pending = [r for r in pending if not r.daemon]
+            if not pending:
+                break
         if now >= deadline:
             break
         # Join the first pending thread briefly; the others are checked on the next turn. The shared deadline

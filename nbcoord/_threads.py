@@ -12,10 +12,11 @@ import threading
 import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from types import FrameType
+from types import CodeType, FrameType
 from typing import Any
 
 from ._callbacks import Callbacks
+from ._internals import executor_spawn_code
 from ._registry import Owner, Registry
 
 log = logging.getLogger("nbcoord")
@@ -23,7 +24,8 @@ log = logging.getLogger("nbcoord")
 #: Prefix of every thread nbcoord itself starts; they are internal and never shown or stopped as user threads.
 INTERNAL_PREFIX = "nbcoord-"
 
-_EXECUTOR_SPAWN_CODE = ThreadPoolExecutor._adjust_thread_count.__code__
+#: The code of the executor method that starts worker threads (looked up at install; None: not recognised).
+_executor_spawn: CodeType | None = None
 
 
 def executor_owner(executor: ThreadPoolExecutor) -> Owner:
@@ -48,7 +50,7 @@ def executor_owner(executor: ThreadPoolExecutor) -> Owner:
 
 def owner_from_caller(frame: FrameType | None) -> Owner | None:
     """Recognise who is starting a thread from the caller's frame (cheap: one code-object comparison)."""
-    if frame is not None and frame.f_code is _EXECUTOR_SPAWN_CODE:
+    if frame is not None and _executor_spawn is not None and frame.f_code is _executor_spawn:
         executor = frame.f_locals.get("self")
         if isinstance(executor, ThreadPoolExecutor):
             return executor_owner(executor)
@@ -69,8 +71,11 @@ class ThreadHooks:
 
     def install(self) -> None:
         """Patch ``Thread.start`` and chain ``threading.excepthook``."""
+        global _executor_spawn
         if self._active:
             return
+        if _executor_spawn is None:
+            _executor_spawn = executor_spawn_code()
         registry = self._registry
         original_start = threading.Thread.start
         hooks = self
@@ -117,6 +122,11 @@ class ThreadHooks:
         threading.Thread.start = start  # type: ignore[method-assign,assignment]
         threading.excepthook = excepthook
         self._active = True
+
+    def forget_in_child(self) -> None:
+        """In a forked child: both hooks pass straight through (the patches stay: undoing takes no lock, but a
+        child has nothing to gain from it)."""
+        self._active = False
 
     def uninstall(self) -> None:
         """Undo :meth:`install`. If someone patched on top of us, leave theirs and make ours pass through."""

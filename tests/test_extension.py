@@ -406,6 +406,128 @@ def test_a_failing_cell_hook_never_breaks_the_cell(
     assert "nbcoord internals broke" in caplog.text
 
 
+def test_nbcoords_log_never_writes_into_the_running_cell(loaded: Any) -> None:
+    # Without a handler of nbcoord's, Python's last-resort handler writes warnings to sys.stderr: in a kernel,
+    # the running cell. A failing on_stop callback is logged, not printed.
+    cell = ok(
+        loaded,
+        "import nbcoord\n"
+        "def broken():\n"
+        "    raise RuntimeError('callback broke')\n"
+        "remove = nbcoord.on_stop(broken)\n"
+        "report = nbcoord.stop_all(grace=0.1)\n"
+        "remove()",
+    )
+    assert "callback broke" in str(loaded.user_ns["report"]["stopper_errors"])
+    assert "nbcoord" not in cell.stderr and "callback broke" not in cell.text
+
+
+def test_a_load_that_fails_half_way_undoes_what_it_installed(
+    shell: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    before = (threading.Thread.start, threading.excepthook, signal.getsignal(signal.SIGTERM), list(sys.meta_path))
+    handlers = list(logging.getLogger("nbcoord").handlers)
+
+    def broken_watch(_extension: Any) -> Any:
+        raise RuntimeError("an integration broke at load")
+
+    monkeypatch.setattr("nbcoord._lifecycle.watch_tensorflow", broken_watch)
+    with pytest.raises(RuntimeError, match="integration broke"):
+        nbcoord.load_ipython_extension(shell)
+    after = (threading.Thread.start, threading.excepthook, signal.getsignal(signal.SIGTERM), list(sys.meta_path))
+    assert after == before and nbcoord._extension is None
+    assert logging.getLogger("nbcoord").handlers == handlers
+    assert not own_callbacks(shell)["pre_run_cell"] and not own_callbacks(shell)["post_run_cell"]
+    monkeypatch.undo()
+    ok(shell, "%load_ext nbcoord")  # and a later load works
+    assert nbcoord._extension is not None
+
+
+def test_shutdown_routes_run_the_stop_once_and_a_later_route_waits_for_it() -> None:
+    from types import SimpleNamespace
+
+    from nbcoord._shutdown import ShutdownHooks
+
+    calls: list[str] = []
+    release = threading.Event()
+
+    def slow_stop(route: str) -> None:
+        calls.append(route)
+        release.wait(5)
+
+    hooks = ShutdownHooks(slow_stop, wait_limit=lambda: 5.0)
+    previous = signal.getsignal(signal.SIGTERM)
+    hooks.install(SimpleNamespace())
+    try:
+        first = threading.Thread(target=hooks.run, args=("shutdown",))
+        first.start()
+        wait_until(lambda: calls, what="the first route's stop")
+        waited: list[float] = []
+
+        def second_route() -> None:
+            begun = time.monotonic()
+            hooks.run("exit")
+            waited.append(time.monotonic() - begun)
+
+        second = threading.Thread(target=second_route)
+        second.start()
+        time.sleep(0.2)  # the second route must still be waiting for the first one's stop
+        assert second.is_alive() and calls == ["shutdown"]
+        release.set()
+        first.join(5)
+        second.join(5)
+        hooks.run("interpreter-exit")
+        assert calls == ["shutdown"] and waited and waited[0] >= 0.2
+    finally:
+        release.set()
+        hooks.uninstall()
+    assert signal.getsignal(signal.SIGTERM) == previous
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is a POSIX call")
+def test_a_forked_child_is_inert(loaded: Any) -> None:
+    # A fork made by the user's code: in the child, nothing of nbcoord acts (its pid differs from the loader's).
+    ok(loaded, "import nbcoord")
+    read_fd, write_fd = os.pipe()
+    previous_sigterm = extension().shutdown._previous_sigterm
+    pid = os.fork()
+    if pid == 0:  # the child: report, then leave without running any exit hook
+        try:
+            import threading as child_threading
+
+            results: dict[str, Any] = {}
+            try:
+                nbcoord.snapshot()
+                results["snapshot"] = "returned"
+            except RuntimeError as exc:
+                results["snapshot"] = str(exc)
+            try:
+                nbcoord.stop_all()
+                results["stop_all"] = "returned"
+            except RuntimeError as exc:
+                results["stop_all"] = str(exc)
+            pending = nbcoord._extension.registry._pending
+            queued = len(pending)  # what the parent had queued at the fork
+            worker = child_threading.Thread(target=lambda: None)
+            worker.start()
+            worker.join()
+            results["registered"] = len(pending) - queued
+            results["sigterm_is_previous"] = signal.getsignal(signal.SIGTERM) == previous_sigterm
+            results["report"] = nbcoord._extension.stopper.stop("all", grace=0.1)["stopper_errors"]
+            os.write(write_fd, json.dumps(results).encode())
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    _, status = os.waitpid(pid, 0)
+    with os.fdopen(read_fd) as pipe:
+        results = json.loads(pipe.read())
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    assert "forked child" in results["snapshot"] and "forked child" in results["stop_all"]
+    assert results["registered"] == 0, "Thread.start registered a thread in the child"
+    assert results["sigterm_is_previous"] is True
+    assert "forked child" in results["report"][0]["error"]
+
+
 def test_a_failing_thread_registration_never_breaks_the_thread(
     loaded: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -33,7 +33,7 @@ from helpers import wait_until
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 
-from nbcoord import _panel
+from nbcoord import _panel, _panel_commands
 
 REPO = Path(__file__).resolve().parents[1]
 IK6_PYTHON = Path(os.environ.get("NBCOORD_IK6_PYTHON", REPO / ".venv-ik6" / "bin" / "python"))
@@ -44,7 +44,7 @@ SETUP = f"""
 %nbcoord config panel_interval={INTERVAL}
 import json, logging, threading, time
 import nbcoord
-from nbcoord import _panel
+from nbcoord import _panel, _panel_commands
 log_lines = []
 class _Keep(logging.Handler):
     def emit(self, record):
@@ -248,7 +248,8 @@ def state_at(pk: PanelKernel, moment: float) -> dict[str, Any]:
 
 
 def click(prefix: str = "c") -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+    """A click id as the module makes them: ``<view id>-<n>`` (a view of its own for each click here)."""
+    return f"{prefix.replace('-', '')}{uuid.uuid4().hex[:8]}-1"
 
 
 @pytest.mark.kernel
@@ -384,6 +385,8 @@ def test_malformed_and_foreign_commands_are_rejected_and_logged(pk: PanelKernel)
         other.on_msg(lambda msg: foreign_got.append(msg["content"]["data"]))
         target = workers("target", 1)
         target_tid = next(r["tid"] for r in nbcoord.snapshot()["threads"] if r["name"] == "target-0")
+        from nbcoord import _panel_commands
+        rejections_before = _panel_commands.log_rejection.calls
         log_lines.clear()
         """
     )
@@ -393,27 +396,27 @@ def test_malformed_and_foreign_commands_are_rejected_and_logged(pk: PanelKernel)
     bad: list[Any] = [
         ["stop"],
         {"type": "stop"},
-        {"type": "rm -rf", "click_id": "a1"},
+        {"type": "rm -rf", "click_id": "a-1"},
         {"type": "stop", "scope": "all", "click_id": "x" * 65},
         {"type": "stop", "scope": "all", "click_id": "<script>"},
         {"type": "stop", "scope": "all", "click_id": 7},
-        {"type": "stop", "scope": "everything", "click_id": "a2"},
-        {"type": "stop", "scope": "thread", "tid": "t999999", "click_id": "a3"},
-        {"type": "stop", "scope": "thread", "tid": {"$ne": 1}, "click_id": "a4"},
-        {"type": "stop", "scope": "cell", "cell": 99999, "click_id": "a5"},
-        {"type": "stop", "scope": "cell", "cell": True, "click_id": "a6"},
-        {"type": "stop", "scope": "all", "click_id": "a7", "eval": "import os"},
-        {"type": "stop", "scope": "all", "click_id": "a8", "force": "yes"},
-        {"type": "stop", "scope": "all", "click_id": "a9", "clicked_at": float("inf")},
-        {"type": "stack", "tid": "t-none", "click_id": "a10"},
-        {"type": "view", "view_id": "v" * 200, "action": "open", "click_id": "a11"},
+        {"type": "stop", "scope": "everything", "click_id": "a-2"},
+        {"type": "stop", "scope": "thread", "tid": "t999999", "click_id": "a-3"},
+        {"type": "stop", "scope": "thread", "tid": {"$ne": 1}, "click_id": "a-4"},
+        {"type": "stop", "scope": "cell", "cell": 99999, "click_id": "a-5"},
+        {"type": "stop", "scope": "cell", "cell": True, "click_id": "a-6"},
+        {"type": "stop", "scope": "all", "click_id": "a-7", "eval": "import os"},
+        {"type": "stop", "scope": "all", "click_id": "a-8", "force": "yes"},
+        {"type": "stop", "scope": "all", "click_id": "a-9", "clicked_at": float("inf")},
+        {"type": "stack", "tid": "t-none", "click_id": "a-10"},
+        {"type": "view", "view_id": "v" * 200, "action": "open", "click_id": "a-11"},
     ]
     msg_id = pk.submit("print('busy', flush=True)\ntime.sleep(1.5)")
     wait_until(lambda: pk.printed(msg_id, "busy"), 30, what="the busy cell")
     for command in bad:
         pk.send(command)
     # A stop addressed to another comm, and a state update from the front end.
-    pk.send({"type": "stop", "scope": "all", "click_id": "foreign1"}, comm_id=foreign)
+    pk.send({"type": "stop", "scope": "all", "click_id": "foreign-1"}, comm_id=foreign)
     pk.send({"state": {"threads": [], "header": {"pid": 1}}, "buffer_paths": []}, method="update")
     # Then one valid command: handled after all the bad ones (each route keeps its order).
     pk.send({"type": "stack", "tid": tid, "click_id": click("stack")})
@@ -421,18 +424,105 @@ def test_malformed_and_foreign_commands_are_rejected_and_logged(pk: PanelKernel)
     pk.finish(msg_id)
     lines = pk.value("log_lines")
     rejected = [line for line in lines if "panel rejected a command" in line]
-    assert len(rejected) >= len(bad), "\n".join(lines)
+    # Every bad message was rejected (by each route that read it); the log got a few lines of it (rate-limited),
+    # the running cell none.
+    assert len(bad) <= pk.value("_panel_commands.log_rejection.calls - rejections_before") <= 2 * len(bad)
+    assert 1 <= len(rejected) <= _panel_commands.log_rejection.burst, "\n".join(lines)
     assert all(line.startswith("WARNING") for line in rejected)
     assert any("panel rejected a state update" in line for line in lines)
-    for fragment in ("click_id must be", "unknown command type", "no live thread", "no cell", "unexpected keys"):
-        assert any(fragment in line for line in rejected), fragment
+    assert "rejected" not in pk.streams.get(msg_id, ""), "a rejection was written into the running cell"
     # Nothing was stopped, the foreign comm got its message, the state was not overwritten, the kernel answers.
     after = pk.value("nbcoord.snapshot()['last_stop'] and nbcoord.snapshot()['last_stop']['started_at']")
     assert after == before
     assert pk.value("target[0].is_alive()") is True
-    assert pk.value("[d['content']['click_id'] for d in foreign_got]") == ["foreign1"]
+    assert pk.value("[d['content']['click_id'] for d in foreign_got]") == ["foreign-1"]
     assert pk.value("p.header['pid']") == pk.pid
     pk.run("nbcoord.stop_all(thread=target_tid); other.close()")
+
+
+@pytest.mark.kernel
+def test_a_panel_message_cannot_touch_the_kernels_threads(pk: PanelKernel) -> None:
+    # Thread ids are sequential, so guessable: a front end that names the Control, IOPub, heartbeat or shell
+    # channel thread (or the parent poller) in a forced stop or a stack request is refused, and they live on.
+    pk.run(
+        """
+        kernel_threads = [r for r in nbcoord.snapshot()["threads"] if r["alive"] and not r["user"]]
+        kernel_tids = [r["tid"] for r in kernel_threads]
+        kernel_objects = [t for t in threading.enumerate() if t.name in {r["name"] for r in kernel_threads}]
+        from nbcoord import _panel_commands
+        rejections_before = _panel_commands.log_rejection.calls
+        last_before = nbcoord.snapshot()["last_stop"]
+        """
+    )
+    tids = pk.value("kernel_tids")
+    names = pk.value("[r['name'] for r in kernel_threads]")
+    assert len(tids) >= 3, names  # at least IOPub, heartbeat and control
+    for tid in tids:
+        pk.send({"type": "stop", "scope": "thread", "tid": tid, "force": True, "click_id": click("hostile")})
+        pk.send({"type": "stack", "tid": tid, "click_id": click("peek")})
+    # Handled in order after those, on both routes: then every hostile command has been judged.
+    view = pk.open_view()
+    wait_until(lambda: pk.value(f"{view!r} in controller._views"), 15, what="the view after the hostile commands")
+    assert pk.value("_panel_commands.log_rejection.calls - rejections_before") >= 2 * len(tids)
+    assert pk.value("nbcoord.snapshot()['last_stop'] == last_before")
+    assert pk.value("all(t.is_alive() for t in kernel_objects)")
+    assert pk.value("1 + 1") == 2  # the shell still answers, at once
+
+
+@pytest.mark.kernel
+def test_a_flood_of_stop_clicks_runs_few_stops_and_the_kernel_answers(pk: PanelKernel) -> None:
+    # One thread ignores stops, so each stop takes its whole grace period (1 s): with one stop per click, 2,000
+    # clicks would keep the kernel busy for half an hour.
+    pk.run(
+        """
+        keep_going = True
+        def stubborn():
+            while keep_going:
+                time.sleep(0.05)
+        stubborn_thread = threading.Thread(target=stubborn, name="flood-stubborn", daemon=True)
+        stubborn_thread.start()
+        stops_before = controller._stops.stops_run
+        """
+    )
+    view = f"flood{uuid.uuid4().hex[:6]}"
+    for n in range(1, 2001):
+        pk.send({"type": "stop", "scope": "all", "click_id": f"{view}-{n}"})
+    sent = time.monotonic()
+    msg_id = pk.submit("print('answered', flush=True)")
+    pk.finish(msg_id, timeout=60)
+    answered_after = time.monotonic() - sent
+    assert answered_after < 30, f"the kernel answered a cell {answered_after:.1f} s after the flood"
+    # Every click was answered by one of a few stops (each takes its whole 1 s grace here).
+    wait_until(lambda: not pk.value("controller._stops.busy"), 30, what="the stops to end")
+    stops = pk.value("controller._stops.stops_run - stops_before")
+    assert 1 <= stops <= 5, f"{stops} stops for 2,000 clicks"
+    last = wait_until(lambda: pk.state().get("last_stop"), 10)
+    assert last["clicks"] >= 1
+    pk.run("keep_going = False; stubborn_thread.join(5)")
+
+
+@pytest.mark.kernel
+def test_a_click_is_acted_on_once_however_many_messages_come_between(pk: PanelKernel) -> None:
+    # The click reaches the kernel twice: by the fast route while the cell runs, and by the ordinary route once
+    # it ends, after 600 other panel messages. The second copy must not stop the thread the cell started after
+    # the click.
+    view = f"once{uuid.uuid4().hex[:6]}"
+    pk.run("stops_before = controller._stops.stops_run")
+    msg_id = pk.submit(
+        "print('busy', flush=True)\n"
+        "time.sleep(2)\n"
+        "late = workers('late-after-click', 1)\n"
+        "time.sleep(0.5)"
+    )
+    wait_until(lambda: pk.printed(msg_id, "busy"), 30, what="the busy cell")
+    pk.send({"type": "stop", "scope": "all", "click_id": f"{view}-1"})
+    for n in range(2, 602):
+        pk.send({"type": "view", "view_id": view, "action": "alive", "click_id": f"{view}-{n}"})
+    pk.finish(msg_id)
+    pk.run("pass")  # queued behind the ordinary copies: they have all been handled now
+    assert pk.value("controller._stops.stops_run - stops_before") == 1
+    assert pk.value("late[0].is_alive()") is True
+    pk.run("[nbcoord.stop_all(thread=r['tid']) for r in nbcoord.snapshot()['threads'] if r['name'] == late[0].name]")
 
 
 @pytest.mark.kernel
@@ -522,32 +612,44 @@ def test_commands_are_checked_against_the_ids_the_kernel_issued() -> None:
     assert parse({"type": "stop", "scope": "all", "click_id": "v1-1"}).scope == "all"
     cell = parse({"type": "stop", "scope": "cell", "cell": 3, "click_id": "v1-2", "clicked_at": 1.5})
     assert (cell.scope, cell.cell, cell.clicked_at) == ("cell", 3, 1.5)
-    assert parse({"type": "stop", "scope": "thread", "tid": "t1", "click_id": "c", "force": True}).force is True
-    assert parse({"type": "stack", "tid": "t1", "click_id": "c"}).tid == "t1"
-    view = parse({"type": "view", "view_id": "v1", "action": "open", "click_id": "c", "client_time": 5})
+    assert parse({"type": "stop", "scope": "thread", "tid": "t1", "click_id": "v1-3", "force": True}).force is True
+    assert parse({"type": "stack", "tid": "t1", "click_id": "v1-3"}).tid == "t1"
+    view = parse({"type": "view", "view_id": "v1", "action": "open", "click_id": "v1-3", "client_time": 5})
     assert (view.view_id, view.action, view.client_time) == ("v1", "open", 5.0)
     rejected: list[tuple[object, str]] = [
         (None, "not an object"),
-        ({"type": "exec", "click_id": "c"}, "unknown command type"),
+        ({"type": "exec", "click_id": "v1-3"}, "unknown command type"),
         ({"type": "stop", "scope": "all"}, "click_id"),
         ({"type": "stop", "scope": "all", "click_id": "x" * 65}, "click_id"),
         ({"type": "stop", "scope": "all", "click_id": "a b"}, "click_id"),
-        ({"type": "stop", "scope": "all", "click_id": "c", "code": "1"}, "unexpected keys"),
-        ({"type": "stop", "scope": "some", "click_id": "c"}, "scope"),
-        ({"type": "stop", "scope": "cell", "cell": 4, "click_id": "c"}, "no cell"),
-        ({"type": "stop", "scope": "cell", "cell": "3", "click_id": "c"}, "no cell"),
-        ({"type": "stop", "scope": "cell", "cell": True, "click_id": "c"}, "no cell"),
-        ({"type": "stop", "scope": "all", "cell": 3, "click_id": "c"}, "only with scope cell"),
-        ({"type": "stop", "scope": "thread", "tid": "t2", "click_id": "c"}, "no live thread"),
-        ({"type": "stop", "scope": "all", "tid": "t1", "click_id": "c"}, "only with scope thread"),
-        ({"type": "stop", "scope": "all", "click_id": "c", "force": 1}, "force"),
-        ({"type": "stop", "scope": "all", "click_id": "c", "clicked_at": float("nan")}, "finite"),
-        ({"type": "view", "view_id": "v1", "action": "delete", "click_id": "c"}, "view action"),
-        ({"type": "view", "view_id": "<v>", "action": "open", "click_id": "c"}, "view_id"),
+        ({"type": "stop", "scope": "all", "click_id": "v1"}, "click_id must be <view id>-<number>"),
+        ({"type": "stop", "scope": "all", "click_id": "v1-x"}, "click_id must be <view id>-<number>"),
+        ({"type": "stop", "scope": "all", "click_id": "v1-3", "k" * 10_000_000: 1}, "unexpected keys 'kkkk"),
+        ({"type": "stop", "scope": "all", "click_id": "v1-3", "code": "1"}, "unexpected keys"),
+        ({"type": "stop", "scope": "some", "click_id": "v1-3"}, "scope"),
+        ({"type": "stop", "scope": "cell", "cell": 4, "click_id": "v1-3"}, "no cell"),
+        ({"type": "stop", "scope": "cell", "cell": "3", "click_id": "v1-3"}, "no cell"),
+        ({"type": "stop", "scope": "cell", "cell": True, "click_id": "v1-3"}, "no cell"),
+        ({"type": "stop", "scope": "all", "cell": 3, "click_id": "v1-3"}, "only with scope cell"),
+        ({"type": "stop", "scope": "thread", "tid": "t2", "click_id": "v1-3"}, "no live thread"),
+        ({"type": "stop", "scope": "all", "tid": "t1", "click_id": "v1-3"}, "only with scope thread"),
+        ({"type": "stop", "scope": "all", "click_id": "v1-3", "force": 1}, "force"),
+        ({"type": "stop", "scope": "all", "click_id": "v1-3", "clicked_at": float("nan")}, "finite"),
+        ({"type": "view", "view_id": "v1", "action": "delete", "click_id": "v1-3"}, "view action"),
+        ({"type": "view", "view_id": "<v>", "action": "open", "click_id": "v1-3"}, "view_id"),
     ]
     for content, why in rejected:
         with pytest.raises(_panel.Rejected, match=why):
             parse(content)
+
+
+def test_rejections_are_short_whatever_the_input() -> None:
+    with pytest.raises(_panel.Rejected) as info:
+        parse({"type": "stop", "scope": "all", "click_id": "v1-3", "k" * 10_000_000: 1})
+    assert len(str(info.value)) < 200
+    with pytest.raises(_panel.Rejected) as info:
+        parse({"type": "x" * 10_000_000, "click_id": "v1-3"})
+    assert len(str(info.value)) < 200
 
 
 def test_history_keeps_change_points_within_the_window() -> None:
@@ -620,10 +722,11 @@ def test_the_same_state_is_sent_once(in_process: Any) -> None:
     data, _ = bundle
     assert data["text/plain"].startswith("nbcoord: kernel pid")
     # A duplicate click id is dropped; a stop from the panel carries its click data into the state.
-    stop = {"type": "stop", "scope": "all", "click_id": "once", "clicked_at": 1.0}
+    stop = {"type": "stop", "scope": "all", "click_id": "once-1", "clicked_at": 1.0}
     controller.handle(stop, route="ordinary")
     controller.handle(stop, route="ordinary")
-    assert list(controller.duplicates) == ["once"]
-    controller._tick()
-    assert controller.widget.last_stop["click_id"] == "once"
+    assert list(controller.duplicates) == ["once-1"]
+    # The stop runs on the panel's stop thread, off the caller's; its click data reaches the state.
+    wait_until(lambda: (controller._tick(), controller.widget.last_stop)[1], 10, what="the stop's report")
+    assert controller.widget.last_stop["click_id"] == "once-1"
     assert controller.widget.last_stop["route"] == "ordinary"

@@ -381,6 +381,7 @@ def test_zombie_reason_from_the_cell_outcome(
 def test_zombie_reason_stop_ignored_after_grace(
     registry: Registry, hooks: ThreadHooks, park: Park, clock: FakeClock
 ) -> None:
+    registry.cell_started(1, None, "go()")
     record = record_of(registry, park.start("stubborn"))
     registry.request_stop([record])
     assert record.stop_requested_at == clock.now
@@ -397,6 +398,7 @@ def test_zombie_reason_owner_closed(registry: Registry, hooks: ThreadHooks, park
         done = False
 
     runner = Runner()
+    registry.cell_started(1, None, "go()")
     thread = park.start("runner")
     registry.add_owner(thread, Owner("runner", "Runner", weakref.ref(runner), is_closed=lambda r: bool(r.done)))  # type: ignore[attr-defined]
     record = record_of(registry, thread)
@@ -425,6 +427,40 @@ def test_dead_and_internal_threads_are_never_zombies(registry: Registry, hooks: 
     registry.cell_finished(1, "interrupted")
     assert registry.zombie_reason(dead, 1.0) is None
     assert registry.zombie_reason(internal, 1.0) is None
+
+
+def test_threads_no_cell_started_are_never_the_users(
+    registry: Registry, hooks: ThreadHooks, park: Park, clock: FakeClock
+) -> None:
+    # Started on the main thread between cells (as ipykernel starts its parent poller after loading extensions):
+    # the kernel's, whatever happens to it.
+    class Thing:
+        pass
+
+    thing = Thing()
+    kernel_thread = park.start("Thread-1 (poller)")
+    child = threading.Thread(target=park.release.wait, name="poller-child", daemon=True)
+    registry.add_owner(kernel_thread, Owner("thing", "Thing", weakref.ref(thing), is_closed=lambda _t: True))
+    record = record_of(registry, kernel_thread)
+    assert record.cell is None and not record.user
+    registry.request_stop([record])
+    clock.advance(10)
+    assert registry.zombie_reason(record, 1.0) is None  # neither a closed owner nor an ignored stop counts
+    park.threads.append(child)
+    child.start()
+    assert not record_of(registry, child).user
+
+
+def test_a_claimed_thread_is_the_users(registry: Registry, hooks: ThreadHooks, park: Park) -> None:
+    class Runner:
+        done = True
+
+    runner = Runner()
+    thread = park.start("QueueRunner-from-before")
+    assert not record_of(registry, thread).user
+    registry.add_owner(thread, Owner("runner", "R", weakref.ref(runner), is_closed=lambda r: True), claim=True)
+    record = record_of(registry, thread)
+    assert record.user and registry.zombie_reason(record, 1.0) == "owner-closed"
 
 
 def test_zombie_reasons_priority(registry: Registry, hooks: ThreadHooks, park: Park, clock: FakeClock) -> None:

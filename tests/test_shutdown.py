@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import json
 import signal
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import Kernel, wait_until
+from interpreters import KERNEL_PYTHONS, version_of
 
 pytestmark = pytest.mark.kernel
 
@@ -64,9 +68,35 @@ def end_kernel(kernel: Kernel, route: str) -> None:
         kernel.process.send_signal(signal.SIGTERM)
 
 
-@pytest.mark.parametrize("leak", list(LEAKS))
-@pytest.mark.parametrize("route", ["shutdown", "restart", "exit", "sigterm"])
-def test_kernel_ends_cleanly_with_leaked_thread(kernel: Kernel, tmp_path: Path, route: str, leak: str) -> None:
+ROUTES = ["shutdown", "restart", "exit", "sigterm"]
+
+
+def _matrix() -> list[Any]:
+    """Every route and leak on the interpreter pytest runs on; on the others (3.10, 3.13), the routes whose exit
+    the interpreter itself shapes (a shutdown request, ``exit()``)."""
+    cases = []
+    for python in KERNEL_PYTHONS:
+        same = version_of(python) == sys.version_info[:2]
+        for route in ROUTES if same else ["shutdown", "exit"]:
+            for leak in LEAKS:
+                cases.append(pytest.param(python.values[0], route, leak, id=f"{python.id}-{route}-{leak}"))
+    return cases
+
+
+@pytest.fixture
+def kernel_on(request: pytest.FixtureRequest) -> Iterator[Kernel]:
+    """A kernel with nbcoord loaded, on the interpreter the test is parametrized with."""
+    k = Kernel(python=request.param)
+    try:
+        k.run("%load_ext nbcoord")
+        yield k
+    finally:
+        k.close()
+
+
+@pytest.mark.parametrize(("kernel_on", "route", "leak"), _matrix(), indirect=["kernel_on"])
+def test_kernel_ends_cleanly_with_leaked_thread(kernel_on: Kernel, tmp_path: Path, route: str, leak: str) -> None:
+    kernel = kernel_on
     records = tmp_path / "records.jsonl"
     kernel.run(f"RECORDS = {str(records)!r}")
     kernel.run(LEAKS[leak])
@@ -85,3 +115,35 @@ def test_kernel_ends_cleanly_with_leaked_thread(kernel: Kernel, tmp_path: Path, 
         assert lines, "the writer wrote nothing"
         last = json.loads(lines[-1])  # raises if the last record was cut
         assert last["i"] == len(lines) - 1
+
+
+DAEMON_LEAKS = {
+    "event-wait": """
+import threading
+threading.Thread(target=threading.Event().wait, name="daemon-blocked", daemon=True).start()
+""",
+    "sleep-loop": """
+import threading, time
+def work():
+    while True:
+        time.sleep(0.05)
+threading.Thread(target=work, name="daemon-sleep-loop", daemon=True).start()
+""",
+}
+
+
+@pytest.mark.parametrize("leak", list(DAEMON_LEAKS))
+@pytest.mark.parametrize("route", ["shutdown", "exit"])
+@pytest.mark.parametrize("kernel_on", [p.values[0] for p in KERNEL_PYTHONS], indirect=True,
+                         ids=[p.id for p in KERNEL_PYTHONS])
+def test_daemon_threads_do_not_hold_the_exit(kernel_on: Kernel, route: str, leak: str) -> None:
+    # The interpreter never waits for daemon threads; nbcoord asks them to stop and waits only briefly. With a
+    # 5 s budget, a stop that waited for them the whole budget would show.
+    kernel_on.run("%nbcoord config shutdown_budget=5")
+    kernel_on.run(DAEMON_LEAKS[leak])
+    started = time.monotonic()
+    end_kernel(kernel_on, route)
+    status = kernel_on.wait_exit(timeout=15)
+    took = time.monotonic() - started
+    assert status == 0, f"exit status {status} after {route}"
+    assert took < 3.0, f"the exit waited {took:.2f} s for a daemon thread"

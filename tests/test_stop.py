@@ -16,6 +16,7 @@ import psutil
 import pytest
 from helpers import wait_until
 
+from nbcoord import _fork
 from nbcoord._registry import Registry, ThreadRecord
 from nbcoord._stop import ScopeKind, StopMechanism, StopReport, StopScope, ThreadStopped
 from nbcoord._threads import ThreadHooks
@@ -47,7 +48,10 @@ class Threads:
 
 @pytest.fixture
 def registry() -> Registry:
-    return Registry()
+    """A registry in which a cell is running: the threads a test starts are that cell's, so the user's."""
+    fresh = Registry()
+    fresh.cell_started(100, None, "the test's cell")
+    return fresh
 
 
 @pytest.fixture
@@ -303,18 +307,37 @@ def test_preexisting_threads_are_not_stopped_by_all(threads: Threads) -> None:
     hooks.install()
     try:
         stopper = StopMechanism(registry)
+        registry.cell_started(1, None, "start()")
         user = threads.start("user-thread", cooperative(registry))
         wait_until(lambda: registry.for_thread(user))
-        report = stopper.stop("all", grace=2.0)
+        report = stopper.stop("all", grace=2.0, force=True)
         record = record_of(registry, before)
         assert stopped_names(report) == {"user-thread"} and report["alive"] == []
         assert before.is_alive() and record.stop_requested_at is None
-        # ...but by its id it can be: the report says it ignored the request.
-        report = stopper.stop("thread", tid=record.tid, grace=0.1)
-        assert alive_names(report) == {"kernel-thread"}
+        # Not by its id either: no request names a thread into a stop that no cell started.
+        report = stopper.stop("thread", tid=record.tid, grace=0.1, force=True)
+        assert report["stopped"] == [] and report["alive"] == []
+        assert before.is_alive() and record.stop_requested_at is None
     finally:
         hooks.uninstall()
         own_flag.set()
+
+
+def test_threads_started_outside_any_cell_are_never_stopped(threads: Threads) -> None:
+    # ipykernel starts its parent poller from the main thread after extensions load, outside any cell.
+    registry = Registry()
+    hooks = ThreadHooks(registry, ignore_exception=lambda exc: isinstance(exc, ThreadStopped))
+    hooks.install()
+    try:
+        stopper = StopMechanism(registry)
+        poller = threads.start("Thread-1 (poller)", cooperative(registry))
+        record = wait_until(lambda: registry.for_thread(poller))
+        for kind in ("all", "zombies", "thread"):
+            report = stopper.stop(kind, tid=record.tid, grace=0.2, force=True)  # type: ignore[arg-type]
+            assert report["stopped"] == [] and report["alive"] == [], kind
+        assert poller.is_alive() and record.stop_requested_at is None
+    finally:
+        hooks.uninstall()
 
 
 def test_the_caller_and_the_main_thread_are_never_selected(registry: Registry, stopper: StopMechanism) -> None:
@@ -389,3 +412,86 @@ def test_children_that_already_exited_are_no_error(registry: Registry, hooks: Th
     stopper = StopMechanism(registry, lambda _kind, _cell: [process])
     report = stopper.stop("all", grace=0.2)
     assert report["children"] == {"terminated": [], "killed": [], "alive": []}
+
+
+# ------------------------------------------------------------------------------------------ one stop at a time
+def _slow_stopper(started: threading.Event, release: threading.Event, calls: list[StopScope]) -> Callable[..., None]:
+    def stopper(scope: StopScope) -> None:
+        calls.append(scope)
+        started.set()
+        release.wait(5)
+
+    return stopper
+
+
+def test_an_equal_request_during_a_stop_joins_it(registry: Registry, stopper: StopMechanism) -> None:
+    started, release, calls = threading.Event(), threading.Event(), []
+    stopper.add_stopper("slow", _slow_stopper(started, release, calls))
+    reports: list[StopReport] = []
+    first = threading.Thread(target=lambda: reports.append(stopper.stop("all", grace=5.0)), daemon=True)
+    first.start()
+    assert started.wait(5)
+    joiners = [
+        threading.Thread(target=lambda: reports.append(stopper.stop("all", grace=5.0)), daemon=True) for _ in range(20)
+    ]
+    for joiner in joiners:
+        joiner.start()
+    wait_until(lambda: stopper.running() is not None)
+    release.set()
+    for thread in [first, *joiners]:
+        thread.join(10)
+    assert len(calls) == 1, "twenty-one equal requests ran more than one stop"
+    assert len(reports) == 21 and all(report is reports[0] for report in reports)
+
+
+def test_a_different_request_waits_for_the_running_stop_within_its_own_grace(
+    registry: Registry, stopper: StopMechanism
+) -> None:
+    started, release, calls = threading.Event(), threading.Event(), []
+    stopper.add_stopper("slow", _slow_stopper(started, release, calls))
+    first = threading.Thread(target=lambda: stopper.stop("all", grace=5.0), daemon=True)
+    first.start()
+    assert started.wait(5)
+    begun = time.monotonic()
+    report = stopper.stop("zombies", grace=0.3)
+    assert time.monotonic() - begun < 2.0
+    assert "another stop (all) has been running" in report["stopper_errors"][0]["error"]
+    assert len(calls) == 1  # it did not run beside the running stop
+    release.set()
+    first.join(5)
+    report = stopper.stop("zombies", grace=0.3)  # once the first is done, it runs
+    assert report["stopper_errors"] == [] and len(calls) == 2
+
+
+def test_a_stop_requested_from_a_stopper_does_not_deadlock(registry: Registry, stopper: StopMechanism) -> None:
+    inner: list[StopReport] = []
+    stopper.add_stopper("reentrant", lambda scope: inner.append(stopper.stop("cell", cell=1, grace=5.0)))
+    begun = time.monotonic()
+    stopper.stop("all", grace=5.0)
+    assert time.monotonic() - begun < 2.0
+    assert "cannot start another stop" in inner[0]["stopper_errors"][0]["error"]
+
+
+def test_daemon_threads_get_their_own_short_deadline(registry: Registry, stopper: StopMechanism) -> None:
+    release = threading.Event()
+    blocked = threading.Thread(target=release.wait, name="daemon-blocked-in-c", daemon=True)
+    blocked.start()
+    try:
+        wait_until(lambda: registry.for_thread(blocked))
+        report = stopper.stop("all", grace=3.0, force=True, force_after=0.05, daemon_grace=0.2)
+        assert alive_names(report) == {"daemon-blocked-in-c"}
+        assert report["took_s"] < 1.0, "a daemon thread that cannot stop was waited for the whole grace period"
+    finally:
+        release.set()
+        blocked.join(5)
+
+
+def test_a_forked_child_stops_nothing(
+    registry: Registry, stopper: StopMechanism, threads: Threads, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    worker = threads.start("parents-worker", cooperative(registry))
+    record = wait_until(lambda: registry.for_thread(worker))
+    monkeypatch.setattr(_fork, "forked", True)
+    report = stopper.stop("all", grace=0.5, force=True)
+    assert report["stopped"] == [] and "forked child" in report["stopper_errors"][0]["error"]
+    assert worker.is_alive() and record.stop_requested_at is None

@@ -1,7 +1,14 @@
 """Set-up and entry points for developers, using only the Python standard library.
 
     python3 tools/dev.py demo    # .venv with nbcoord + JupyterLab + TensorFlow (CPU); opens JupyterLab on notebooks/
-    python3 tools/dev.py test    # .venv (+ .venv-ik6 for ipykernel 6) with the test extras; lint, types, all tests
+    python3 tools/dev.py test    # .venv, .venv-ik6, .venv-py310, .venv-py313; lint, types, all tests
+
+``test`` runs pytest in ``.venv`` (Python 3.11). The kernel-level tests also start kernels on other interpreters,
+each with its own environment: ``.venv-ik6`` (ipykernel 6), ``.venv-py310`` and ``.venv-py313`` (the oldest and
+the newest supported Python, made from pyenv's interpreters or ``python3.10``/``python3.13`` on PATH). pytest finds
+them through ``NBCOORD_PY310_PYTHON`` and ``NBCOORD_PY313_PYTHON`` (see tests/interpreters.py). An interpreter that
+is not installed is named at the start and in the summary, and its kernels are left out; an environment that cannot
+be built from an interpreter that is there fails the command.
 
 Both are idempotent: a second run reuses the environments and only installs what changed.
 The browser tests need Debian's Chromium at /usr/bin/chromium; ``test`` installs it with apt-get when run as
@@ -12,10 +19,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
+import time
 import venv
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,6 +33,24 @@ VENV = ROOT / ".venv"
 VENV_IK6 = ROOT / ".venv-ik6"
 CHROMIUM = Path("/usr/bin/chromium")
 IK6_PACKAGES = ["ipykernel>=6.29,<7", "ipywidgets==8.1.9", "anywidget==0.11.0", "psutil", "pytest", "pytest-timeout"]
+KERNEL_PACKAGES = ["ipywidgets==8.1.9", "anywidget==0.11.0", "psutil"]
+
+
+@dataclass(frozen=True)
+class KernelPython:
+    """An interpreter the kernel-level tests also run kernels on, and the environment made for it."""
+
+    version: str  # "3.10"
+    ipykernel: str  # its pin: the ipykernel of .venv where that release supports this Python
+    env: Path
+    variable: str  # how pytest learns the environment's python (tests/interpreters.py)
+
+
+KERNEL_PYTHONS = (
+    # ipykernel 7.4 (and IPython 9) need Python 3.11; 7.3.0 is the last ipykernel 7 for 3.10 (with IPython 8).
+    KernelPython("3.10", "ipykernel==7.3.0", ROOT / ".venv-py310", "NBCOORD_PY310_PYTHON"),
+    KernelPython("3.13", "ipykernel==7.4.0", ROOT / ".venv-py313", "NBCOORD_PY313_PYTHON"),
+)
 
 
 def run(*cmd: str | Path, **kwargs: object) -> None:
@@ -40,6 +68,96 @@ def ensure_venv(env: Path, *packages: str) -> Path:
         run(python_of(env), "-m", "pip", "install", "-q", "--upgrade", "pip")
     run(python_of(env), "-m", "pip", "install", "-q", *packages)
     return python_of(env)
+
+
+def version_of(python: Path | str) -> str | None:
+    """``"3.10"`` for an interpreter that runs; None for one that does not.
+
+    A pyenv shim of a version that is not selected exits with an error; a venv whose base interpreter is gone has a
+    dangling link.
+    """
+    try:
+        done = subprocess.run(
+            [str(python), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def pyenv_root() -> Path:
+    if shutil.which("pyenv"):
+        try:
+            done = subprocess.run(["pyenv", "root"], capture_output=True, text=True, timeout=30, check=False)
+            if done.returncode == 0 and done.stdout.strip():
+                return Path(done.stdout.strip())
+        except (OSError, subprocess.SubprocessError):
+            pass  # fall back to where pyenv keeps them by default
+    return Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
+
+
+def find_interpreter(version: str) -> Path | None:
+    """The newest pyenv release of ``version``, else ``python<version>`` on PATH; only one that runs as it."""
+    versions = pyenv_root() / "versions"
+    releases = [p for p in versions.glob(f"{version}.*") if re.fullmatch(rf"{re.escape(version)}\.\d+", p.name)]
+    releases.sort(key=lambda p: int(p.name.rsplit(".", 1)[1]), reverse=True)
+    candidates = [p / "bin" / f"python{version}" for p in releases]
+    on_path = shutil.which(f"python{version}")
+    if on_path:
+        candidates.append(Path(on_path))
+    return next((c for c in candidates if c.exists() and version_of(c) == version), None)
+
+
+def ensure_kernel_venv(kernel: KernelPython, base: Path) -> Path:
+    """The environment of ``kernel`` made from ``base``: ipykernel, the panel's packages and nbcoord (editable)."""
+    python = python_of(kernel.env)
+    if version_of(python) != kernel.version:  # missing, or made from an interpreter that is gone or another one
+        run(base, "-m", "venv", "--clear", kernel.env)
+        run(python, "-m", "pip", "install", "-q", "--upgrade", "pip")
+    run(python, "-m", "pip", "install", "-q", kernel.ipykernel, *KERNEL_PACKAGES, "-e", str(ROOT))
+    return python
+
+
+def find_kernel_pythons() -> dict[KernelPython, Path | None]:
+    """The interpreter of each of KERNEL_PYTHONS (None: not installed here), said at once."""
+    found = {kernel: find_interpreter(kernel.version) for kernel in KERNEL_PYTHONS}
+    for kernel, base in found.items():
+        if base is None:
+            where = f"looked in {pyenv_root() / 'versions'} and for python{kernel.version} on PATH"
+            print(f"not tested on Python {kernel.version}: no interpreter found ({where})", flush=True)
+        else:
+            print(f"kernels on Python {kernel.version}: {base}", flush=True)
+    return found
+
+
+def prepare_kernel_pythons(found: dict[KernelPython, Path | None]) -> tuple[dict[str, str], list[str], list[str]]:
+    """Build the kernel environments whose interpreter was found.
+
+    Returns the variables for pytest (an empty value: not there), the lines for the summary, and the failures.
+    """
+    variables: dict[str, str] = {}
+    summary: list[str] = []
+    failures: list[str] = []
+    for kernel, base in found.items():
+        variables[kernel.variable] = ""
+        if base is None:
+            summary.append(f"not tested on Python {kernel.version}: no interpreter found")
+            continue
+        started = time.monotonic()
+        try:
+            python = ensure_kernel_venv(kernel, base)
+        except (OSError, subprocess.CalledProcessError) as error:
+            print(f"could not build {kernel.env.name} from {base}: {error}", file=sys.stderr, flush=True)
+            summary.append(f"not tested on Python {kernel.version}: {kernel.env.name} could not be built")
+            failures.append(kernel.env.name)
+            continue
+        variables[kernel.variable] = str(python)
+        summary.append(f"kernels on Python {kernel.version}: {kernel.env.name} ({time.monotonic() - started:.0f} s)")
+    return variables, summary, failures
 
 
 def ensure_chromium() -> None:
@@ -62,22 +180,27 @@ def demo(args: argparse.Namespace) -> None:
     os.execv(command[0], command)
 
 
-def check(*cmd: str | Path) -> bool:
+def check(*cmd: str | Path, env: dict[str, str] | None = None) -> bool:
     """Run a check; report, rather than stop at, its failure so that one run shows every problem."""
     print("+", " ".join(str(c) for c in cmd), flush=True)
-    return subprocess.run([str(c) for c in cmd], check=False, cwd=ROOT).returncode == 0
+    return subprocess.run([str(c) for c in cmd], check=False, cwd=ROOT, env=env).returncode == 0
 
 
 def test(args: argparse.Namespace) -> None:
+    kernel_pythons = find_kernel_pythons()
     ensure_chromium()
     python = ensure_venv(VENV, "-e", f"{ROOT}[test]")
     ensure_venv(VENV_IK6, *IK6_PACKAGES, "-e", str(ROOT))
+    variables, summary, failures = prepare_kernel_pythons(kernel_pythons)
     results = {
         "ruff": check(python, "-m", "ruff", "check", "nbcoord", "tests", "bench", "tools"),
         "mypy": check(python, "-m", "mypy"),
-        "pytest": check(python, "-m", "pytest", *args.extra),
+        "pytest": check(python, "-m", "pytest", *args.extra, env=dict(os.environ, **variables)),
     }
-    failed = [name for name, passed in results.items() if not passed]
+    failed = failures + [name for name, passed in results.items() if not passed]
+    print("\nsummary:", ", ".join(f"{name} {'passed' if ok else 'FAILED'}" for name, ok in results.items()))
+    for line in summary:
+        print(f"  {line}")
     if failed:
         sys.exit(f"failed: {', '.join(failed)}")
 

@@ -205,6 +205,22 @@ class InterruptWatcher:
         os.close(self._read_fd)
         self._read_fd = self._write_fd = -1
 
+    def forget_in_child(self) -> None:
+        """In a forked child: give the wakeup fd back, so that a signal the child gets is not written into the
+        parent's pipe (where the parent's watcher would take it for its own Interrupt). Takes no lock."""
+        if not self.installed:
+            return
+        self.installed = False
+        self._on_sigint = lambda: None
+        try:
+            current = signal.set_wakeup_fd(self._previous_fd)
+            if current != self._write_fd:  # someone replaced ours since: theirs stays
+                signal.set_wakeup_fd(current)
+            os.close(self._write_fd)
+            os.close(self._read_fd)
+        except (ValueError, OSError):
+            log.debug("nbcoord: could not give the wakeup fd back in a forked child", exc_info=True)
+
     def _run(self) -> None:
         while True:
             try:

@@ -37,6 +37,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from .._fork import on_fork_child
 from .._imports import when_imported
 from .._registry import Owner
 from ._tf_blocked import BlockedRuns
@@ -135,6 +136,7 @@ class TensorFlowIntegration:
         self._undo.append(ext.monitor.add_task("tensorflow", self.tick))
         if self.watcher.install():
             self._undo.append(self.watcher.uninstall)
+            self._undo.append(on_fork_child(self.watcher.forget_in_child))
 
     def uninstall(self) -> None:
         """Undo :meth:`install`: every patched attribute restored, every registration removed."""
@@ -280,7 +282,7 @@ class TensorFlowIntegration:
                 continue
             runner.attached = True
             for owner in self._owners(runner):
-                self.registry.add_owner(thread, owner)
+                self.registry.add_owner(thread, owner, claim=True)  # a runner thread is always user work
 
     def _owners(self, runner: RunnerInfo) -> list[Owner]:
         owners: list[Owner] = []

@@ -1,0 +1,33 @@
+"""Kernels for the benchmarks: a kernel spec of our own, so that the interpreter (and its ipykernel) is the one asked.
+
+jupyter_client 8 ignores ``KernelManager.kernel_cmd``, and a user-level ``python3`` spec would otherwise decide
+which interpreter runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import KernelManager
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def kernel_manager(workdir: str, python: str = sys.executable) -> KernelManager:
+    """A manager for a kernel on ``python``, its spec written under ``workdir`` (a temporary folder)."""
+    spec_dir = Path(workdir) / "kernels" / "nbcoord-bench"
+    spec_dir.mkdir(parents=True)
+    argv = [python, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    (spec_dir / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "bench", "language": "python"}))
+    specs = KernelSpecManager(kernel_dirs=[str(spec_dir.parent)])
+    return KernelManager(kernel_name="nbcoord-bench", kernel_spec_manager=specs)
+
+
+def kernel_env(**extra: str) -> dict[str, str]:
+    """The environment for a benchmark kernel: this checkout's nbcoord first on the path."""
+    pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": pythonpath, **extra}

@@ -1,0 +1,173 @@
+"""Every private name of CPython and IPython that nbcoord's core touches, feature-detected, each with a fallback.
+
+Nothing here runs at import time: each accessor looks the internal up when it is first called, and says what it
+falls back to when the internal is missing (another Python, a newer release). :func:`degraded` lists what fell
+back, for the report. Tests remove each internal (monkeypatch) and check the fallback.
+
+- ``threading._active``: a thread's liveness from the interpreter's running table; else ``Thread.is_alive()``.
+- ``ThreadPoolExecutor._adjust_thread_count``: naming the executor that starts a thread; else no executor owner.
+- ``threading._register_atexit``: the exit stop before threads are joined; else ``atexit`` (after the join).
+- ``threading._shutdown_locks`` and ``Thread._tstate_lock`` (3.10-3.12): letting the interpreter exit without
+  joining a thread that will not stop; else the process ends itself after the atexit work (:func:`exit_now`).
+- ``atexit._run_exitfuncs``: the atexit work before ending at once; else only the streams are flushed.
+- ``PyThreadState_SetAsyncExc`` (C API, through ctypes): a forced stop; else such threads are reported unstoppable.
+- ``shell.displayhook.exec_result`` (IPython): the cell running while nbcoord loads; else that cell is not known.
+
+The ipykernel internals of the panel's fast route are in :mod:`nbcoord._fastcomm` (each route says why it is not
+available), and TensorFlow's in :mod:`nbcoord.integrations`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from types import CodeType
+from typing import Any
+
+log = logging.getLogger("nbcoord")
+
+#: What fell back, and to what: filled as accessors find an internal missing.
+_degraded: dict[str, str] = {}
+
+
+def _fall_back(name: str, fallback: str) -> None:
+    if name not in _degraded:
+        _degraded[name] = fallback
+        log.info("nbcoord: %s is not available here; %s", name, fallback)
+
+
+def degraded() -> dict[str, str]:
+    """Internals found missing so far, each with what nbcoord does instead."""
+    return dict(_degraded)
+
+
+# --------------------------------------------------------------------------------------------- threads
+def running_threads() -> dict[int, threading.Thread] | None:
+    """The interpreter's table of running threads (ident -> Thread); an entry goes when the thread's run() ends.
+
+    Fallback: None, and the caller asks ``Thread.is_alive()`` (on CPython 3.11 a KeyboardInterrupt during
+    ``join()`` can mark a live thread as stopped there).
+    """
+    table = getattr(threading, "_active", None)
+    if isinstance(table, dict):
+        return table
+    _fall_back("threading._active", "thread liveness comes from Thread.is_alive()")
+    return None
+
+
+def executor_spawn_code() -> CodeType | None:
+    """The code of the ``ThreadPoolExecutor`` method that starts its worker threads, to recognise it as caller.
+
+    Fallback: None (executor threads are registered like any other, without their executor as owner).
+    """
+    method = getattr(ThreadPoolExecutor, "_adjust_thread_count", None)
+    code = getattr(method, "__code__", None)
+    if isinstance(code, CodeType):
+        return code
+    _fall_back("ThreadPoolExecutor._adjust_thread_count", "executor threads have no executor owner")
+    return None
+
+
+def register_before_thread_join(callback: Callable[[], None]) -> str:
+    """Run ``callback`` at interpreter exit *before* the interpreter joins non-daemon threads.
+
+    Returns the mechanism used. Fallback: ``atexit``, which runs only after that join (a leaked non-daemon thread
+    then keeps the process alive until it is killed: the SIGTERM route still works).
+    """
+    register = getattr(threading, "_register_atexit", None)
+    if callable(register):
+        try:
+            register(callback)
+            return "threading._register_atexit"
+        except RuntimeError:  # the interpreter is already shutting down
+            log.debug("nbcoord: interpreter exit hook not registered", exc_info=True)
+            return "none"
+    _fall_back("threading._register_atexit", "the exit stop runs from atexit, after threads are joined")
+    atexit.register(callback)
+    return "atexit"
+
+
+def abandon_thread(thread: threading.Thread) -> bool:
+    """Let the interpreter exit without joining ``thread``; False where this Python offers no way.
+
+    CPython 3.10-3.12 join the locks in ``threading._shutdown_locks`` at exit; 3.13 joins thread handles in C
+    and has no such set, so there (and wherever this fails) the caller uses :func:`exit_now` instead.
+    """
+    lock = getattr(thread, "_tstate_lock", None)
+    locks = getattr(threading, "_shutdown_locks", None)
+    guard = getattr(threading, "_shutdown_locks_lock", None)
+    if lock is None or not isinstance(locks, set) or guard is None:
+        _fall_back("threading._shutdown_locks", "a thread that will not stop is left by ending the process")
+        return False
+    with guard:
+        locks.discard(lock)
+    return True
+
+
+def exit_now(code: int = 0) -> None:
+    """End the process without joining threads, after the work a normal exit would still do.
+
+    Runs the ``atexit`` callbacks (IPython saves its history there), flushes logging and the process's own
+    standard streams (not ``sys.stdout``: in a kernel that is a stream to the front end whose flush can wait
+    for a thread that is gone), then ``os._exit``.
+    """
+    run_exitfuncs = getattr(atexit, "_run_exitfuncs", None)
+    if callable(run_exitfuncs):
+        try:
+            run_exitfuncs()
+        except BaseException:  # the process ends next, whatever a callback did
+            log.warning("nbcoord: an atexit callback failed", exc_info=True)
+    else:
+        _fall_back("atexit._run_exitfuncs", "atexit callbacks do not run when a thread forces the exit")
+    logging.shutdown()
+    for stream in (sys.__stdout__, sys.__stderr__):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):
+            pass  # a closed stream: nothing left to write
+    os._exit(code)
+
+
+def raise_in_thread(ident: int, exc_type: type[BaseException]) -> bool:
+    """Ask the interpreter to raise ``exc_type`` in another thread at its next Python instruction.
+
+    Fallback (no ``ctypes.pythonapi``, as on PyPy): False, so the thread is reported as unstoppable.
+    """
+    api = getattr(ctypes, "pythonapi", None)
+    set_async_exc = getattr(api, "PyThreadState_SetAsyncExc", None)
+    if set_async_exc is None:
+        _fall_back("PyThreadState_SetAsyncExc", "threads that ignore a stop cannot be forced")
+        return False
+    done = set_async_exc(ctypes.c_ulong(ident), ctypes.py_object(exc_type))
+    if done > 1:  # more than one thread state touched: undo, as CPython's docs require
+        set_async_exc(ctypes.c_ulong(ident), None)
+        return False
+    return bool(done == 1)
+
+
+# --------------------------------------------------------------------------------------------- IPython
+def running_cell(shell: Any) -> tuple[int, str | None, str] | None:
+    """The cell IPython is executing now, as (execution count, cell id, source); None between cells.
+
+    IPython gives its displayhook the cell's ExecutionResult while the cell's code runs. Fallback: None (a
+    thread started in the cell that loads nbcoord counts as not started by a cell).
+    """
+    displayhook = getattr(shell, "displayhook", None)
+    if displayhook is None or not hasattr(displayhook, "exec_result"):
+        _fall_back("IPython displayhook.exec_result", "the cell that loads nbcoord is not known to it")
+        return None
+    result = displayhook.exec_result
+    count = getattr(result, "execution_count", None)
+    if result is None or not isinstance(count, int):
+        return None
+    info = getattr(result, "info", None)
+    cell_id = getattr(info, "cell_id", None)
+    source = getattr(info, "raw_cell", "")
+    return count, cell_id if isinstance(cell_id, str) else None, source if isinstance(source, str) else ""

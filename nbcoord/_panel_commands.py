@@ -1,0 +1,319 @@
+"""The panel's commands: validated against what the kernel issued, acted on once, never in floods.
+
+The front end is untrusted. A command is a small JSON object (stop all / a cell / a thread / the zombies, a
+stack request, a view's presence), each with a ``click_id`` of the form ``<view id>-<n>``, where the panel's
+module numbers each view's clicks. Every command is checked by :func:`parse_command` against the ids this kernel
+issued: a thread id must name a live thread that a cell started (never the kernel's own threads, never
+nbcoord's), a cell number a cell that ran. Anything else raises :class:`Rejected`, which the caller logs through
+a rate limit, with values cut short: a flood of bad messages writes a few lines to the kernel's log, and nothing
+into the running cell.
+
+A click reaches the kernel by up to two routes (the fast route, and the widget's ordinary message when the main
+thread is free), any time apart: :class:`ClickLedger` remembers which clicks were acted on, per view, as a
+watermark plus the few seen above it, so a click is acted on once however many messages come between its copies.
+
+Stops are run by :class:`StopRunner`, on a thread of its own, never on a kernel channel thread or the main
+thread: taking a click costs a few microseconds whatever a stop costs, and a click that arrives while an equal
+stop waits or runs joins it (a burst of clicks is one stop, one report).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from ._log import RateLimited, short
+from ._stop import ScopeKind, StopReport
+from ._threads import INTERNAL_PREFIX
+
+log = logging.getLogger("nbcoord")
+
+#: Command types the front end may send; the fast route takes exactly these.
+COMMAND_TYPES: Final = frozenset({"stop", "stack", "view"})
+STOP_THREAD_NAME: Final = f"{INTERNAL_PREFIX}panel-stop"
+#: Different stops that may wait at once; a click for yet another is dropped (and logged, rate-limited).
+MAX_WAITING_STOPS: Final = 8
+#: Click ids kept per view above its watermark, and views remembered.
+_MAX_ABOVE: Final = 1024
+_MAX_VIEWS: Final = 64
+_ID: Final = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+_CLICK_ID: Final = re.compile(r"([A-Za-z0-9_.:]{1,48})-([0-9]{1,15})")
+_STOP_SCOPES: Final = frozenset({"all", "cell", "thread", "zombies"})
+_VIEW_ACTIONS: Final = frozenset({"open", "alive", "close"})
+_KEYS: Final = {
+    "stop": frozenset({"type", "click_id", "scope", "cell", "tid", "force", "clicked_at"}),
+    "stack": frozenset({"type", "click_id", "tid", "clicked_at"}),
+    "view": frozenset({"type", "click_id", "view_id", "action", "client_time"}),
+}
+
+#: Rejections the front end can cause: a few lines a minute at most.
+log_rejection = RateLimited(logging.WARNING, burst=5, window=60.0)
+
+
+class Rejected(ValueError):
+    """A command from the front end that is not one this kernel accepts."""
+
+
+@dataclass(frozen=True)
+class Command:
+    """A validated command from the front end."""
+
+    type: Literal["stop", "stack", "view"]
+    click_id: str
+    scope: ScopeKind = "all"
+    cell: int | None = None
+    tid: str | None = None
+    force: bool = False
+    view_id: str | None = None
+    action: str | None = None
+    client_time: float | None = None
+    clicked_at: float | None = None
+    #: Set by the kernel, not the front end: which route brought the command, and when (``time.time()``).
+    route: str = ""
+    received_at: float | None = None
+
+    @property
+    def stop_key(self) -> tuple[str, int | None, str | None, bool]:
+        """Two stop commands with the same key are the same stop."""
+        return (self.scope, self.cell, self.tid, self.force)
+
+
+def is_number(value: object) -> bool:
+    """A finite int or float (not a bool)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _checked_id(content: Mapping[str, Any], key: str) -> str:
+    value = content.get(key)
+    if not isinstance(value, str) or not _ID.fullmatch(value):
+        raise Rejected(f"{key} must be 1-64 characters of [A-Za-z0-9_.:-]")
+    return value
+
+
+def _optional_number(content: Mapping[str, Any], key: str) -> float | None:
+    value = content.get(key)
+    if value is None:
+        return None
+    if not is_number(value):
+        raise Rejected(f"{key} must be a finite number")
+    return float(value)
+
+
+def parse_command(
+    content: object,
+    *,
+    thread_exists: Callable[[str], bool],
+    cell_exists: Callable[[int], bool],
+) -> Command:
+    """Validate a command from the front end against the ids this kernel issued; raise :class:`Rejected`.
+
+    ``thread_exists(tid)`` must be true only for live threads a cell started.
+    """
+    if not isinstance(content, Mapping):
+        raise Rejected("not an object")
+    kind = content.get("type")
+    if not isinstance(kind, str) or kind not in COMMAND_TYPES:
+        raise Rejected(f"unknown command type {short(kind)}")
+    unknown = set(content) - _KEYS[kind]
+    if unknown:
+        raise Rejected(f"unexpected keys {', '.join(short(key) for key in sorted(map(str, unknown))[:5])}")
+    click_id = _checked_id(content, "click_id")
+    if not _CLICK_ID.fullmatch(click_id):
+        raise Rejected("click_id must be <view id>-<number>")
+    clicked_at = _optional_number(content, "clicked_at")
+    if kind == "view":
+        action = content.get("action")
+        if action not in _VIEW_ACTIONS:
+            raise Rejected("view action must be open, alive or close")
+        return Command(
+            "view",
+            click_id,
+            view_id=_checked_id(content, "view_id"),
+            action=str(action),
+            client_time=_optional_number(content, "client_time"),
+        )
+    if kind == "stack":
+        return Command("stack", click_id, tid=_known_thread(content, thread_exists), clicked_at=clicked_at)
+    return _parse_stop(content, click_id, clicked_at, thread_exists, cell_exists)
+
+
+def _known_thread(content: Mapping[str, Any], thread_exists: Callable[[str], bool]) -> str:
+    tid = _checked_id(content, "tid")
+    if not thread_exists(tid):
+        raise Rejected(f"no live thread started by a cell has the id {tid!r}")
+    return tid
+
+
+def _parse_stop(
+    content: Mapping[str, Any],
+    click_id: str,
+    clicked_at: float | None,
+    thread_exists: Callable[[str], bool],
+    cell_exists: Callable[[int], bool],
+) -> Command:
+    scope = content.get("scope")
+    if scope not in _STOP_SCOPES:
+        raise Rejected("stop scope must be all, cell, thread or zombies")
+    force = content.get("force", False)
+    if not isinstance(force, bool):
+        raise Rejected("force must be true or false")
+    cell: int | None = None
+    tid: str | None = None
+    if scope == "cell":
+        value = content.get("cell")
+        if not isinstance(value, int) or isinstance(value, bool) or not cell_exists(value):
+            raise Rejected("no cell has that number")
+        cell = value
+    elif "cell" in content:
+        raise Rejected("cell goes only with scope cell")
+    if scope == "thread":
+        tid = _known_thread(content, thread_exists)
+    elif "tid" in content:
+        raise Rejected("tid goes only with scope thread")
+    return Command("stop", click_id, scope=scope, cell=cell, tid=tid, force=force, clicked_at=clicked_at)
+
+
+def reject(why: Rejected, content: object) -> None:
+    """Log a rejected command (rate-limited, the content cut short)."""
+    log_rejection("nbcoord: panel rejected a command (%s): %s", why, short(content))
+
+
+# ------------------------------------------------------------------------------------------------- clicks
+class _ViewClicks:
+    """One view's clicks: every n <= ``low`` was seen, and the ones in ``above``."""
+
+    __slots__ = ("above", "low")
+
+    def __init__(self) -> None:
+        self.low = -1  # the module numbers from 1; a peer that starts at 0 is served too
+        self.above: set[int] = set()
+
+    def first_time(self, n: int) -> bool:
+        if n <= self.low or n in self.above:
+            return False
+        self.above.add(n)
+        while self.low + 1 in self.above:
+            self.low += 1
+            self.above.discard(self.low)
+        if len(self.above) > _MAX_ABOVE:
+            # Clicks missing below this many later ones will not come any more (or come from a peer that
+            # numbers wildly): move the watermark up to the oldest kept.
+            self.low = min(self.above)
+            self.above.discard(self.low)
+        return True
+
+
+class ClickLedger:
+    """Which clicks were acted on; a click id is ``<view id>-<n>``. Bounded: 64 views of 1024 ids at most."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # guards _views
+        self._views: OrderedDict[str, _ViewClicks] = OrderedDict()
+
+    def first_time(self, click_id: str) -> bool:
+        """True the first time ``click_id`` is seen (the caller acts on it), False for every later copy."""
+        match = _CLICK_ID.fullmatch(click_id)
+        if match is None:
+            return False
+        view, n = match.group(1), int(match.group(2))
+        with self._lock:
+            clicks = self._views.get(view)
+            if clicks is None:
+                clicks = self._views[view] = _ViewClicks()
+                while len(self._views) > _MAX_VIEWS:
+                    self._views.popitem(last=False)
+            self._views.move_to_end(view)
+            return clicks.first_time(n)
+
+
+# -------------------------------------------------------------------------------------------------- stops
+RunStop = Callable[[Command], StopReport]
+StopDone = Callable[[list[Command], StopReport], None]
+
+
+class StopRunner:
+    """Runs the panel's stops one after another on its own thread; equal clicks join the stop that waits or runs.
+
+    ``run(command)`` performs one stop; ``done(commands, report)`` is told every click that the stop answered.
+    """
+
+    def __init__(self, run: RunStop, done: StopDone) -> None:
+        self._run = run
+        self._done = done
+        self._lock = threading.Lock()  # guards _waiting, _current, _current_key, _thread, _stopping
+        self._wake = threading.Condition(self._lock)
+        self._waiting: OrderedDict[tuple[Any, ...], list[Command]] = OrderedDict()
+        self._current: list[Command] | None = None
+        self._current_key: tuple[Any, ...] | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._dropped = RateLimited(logging.WARNING, burst=3, window=60.0)
+        self.stops_run = 0
+
+    def submit(self, command: Command) -> None:
+        """Queue a stop (or join an equal one); never blocks, whatever runs."""
+        key = command.stop_key
+        with self._lock:
+            if self._stopping:
+                return
+            if self._current is not None and self._current_key == key:
+                self._current.append(command)
+                return
+            waiting = self._waiting.get(key)
+            if waiting is not None:
+                waiting.append(command)
+                return
+            if len(self._waiting) >= MAX_WAITING_STOPS:
+                self._dropped("nbcoord: %d different stops are already waiting; a %s stop click was dropped",
+                              len(self._waiting), command.scope)
+                return
+            self._waiting[key] = [command]
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name=STOP_THREAD_NAME, daemon=True)
+                self._thread.start()
+            self._wake.notify()
+
+    @property
+    def busy(self) -> bool:
+        """Whether a stop runs or waits."""
+        with self._lock:
+            return self._current is not None or bool(self._waiting)
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Drop waiting stops, let the running one finish (bounded by its grace), end the thread."""
+        with self._lock:
+            self._stopping = True
+            self._waiting.clear()
+            thread = self._thread
+            self._wake.notify()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._waiting and not self._stopping:
+                    self._wake.wait()
+                if self._stopping:
+                    return
+                key, commands = self._waiting.popitem(last=False)
+                self._current, self._current_key = commands, key
+            try:
+                report = self._run(commands[0])
+                self.stops_run += 1
+            except Exception:
+                log.warning("nbcoord: a panel stop failed", exc_info=True)
+                report = None
+            with self._lock:
+                answered, self._current, self._current_key = commands, None, None
+            if report is not None:
+                try:
+                    self._done(answered, report)
+                except Exception:
+                    log.warning("nbcoord: reporting a panel stop failed", exc_info=True)

@@ -1,0 +1,149 @@
+"""The kernel's own threads are never harmed: only threads that cells started are the user's.
+
+Real kernels, nbcoord loaded by ``%load_ext`` and by IPython's configuration (as a server-wide set-up loads it,
+before ipykernel starts its parent poller outside any cell). Every stop route is tried against the kernel's threads
+(IOPub, Control, heartbeat, shell channel, parent poller): each is refused by name, none is touched, and the kernel
+answers and shuts down normally afterwards.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import Kernel
+from interpreters import KERNEL_PYTHONS
+
+pytestmark = pytest.mark.kernel
+
+KERNEL_THREADS = """
+import json, threading, nbcoord
+kernel_rows = [r for r in nbcoord.snapshot()["threads"] if r["alive"] and not r["user"]]
+kernel_objects = {t.ident: t for t in threading.enumerate() if t is not threading.main_thread()}
+"""
+
+
+@pytest.fixture(params=KERNEL_PYTHONS)
+def python(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def configured_kernel(python: str) -> Iterator[Kernel]:
+    """A kernel that loads nbcoord from its IPython configuration, before ipykernel starts its parent poller."""
+    with tempfile.TemporaryDirectory(prefix="nbcoord-ipython-") as ipython_dir:
+        profile = Path(ipython_dir) / "profile_default"
+        profile.mkdir()
+        (profile / "ipython_kernel_config.py").write_text("c.InteractiveShellApp.extensions = ['nbcoord']\n")
+        kernel = Kernel(python=python, env={"IPYTHONDIR": ipython_dir})
+        try:
+            yield kernel
+        finally:
+            kernel.close()
+
+
+@pytest.fixture
+def loaded_kernel(python: str) -> Iterator[Kernel]:
+    kernel = Kernel(python=python)
+    try:
+        kernel.run("%load_ext nbcoord")
+        yield kernel
+    finally:
+        kernel.close()
+
+
+def kernel_threads(kernel: Kernel) -> list[dict[str, Any]]:
+    kernel.run(KERNEL_THREADS)
+    rows: list[dict[str, Any]] = kernel.evaluate("[{'tid': r['tid'], 'name': r['name']} for r in kernel_rows]")
+    return rows
+
+
+def all_kernel_threads_alive(kernel: Kernel) -> bool:
+    return bool(kernel.evaluate("all(t.is_alive() for t in kernel_objects.values())"))
+
+
+def assert_exits_cleanly(kernel: Kernel) -> float:
+    started = time.monotonic()
+    kernel.request_shutdown()
+    status = kernel.wait_exit(timeout=10)
+    took = time.monotonic() - started
+    assert status == 0, f"exit status {status} after a shutdown request"
+    return took
+
+
+def test_stop_by_id_refuses_every_kernel_thread(loaded_kernel: Kernel) -> None:
+    rows = kernel_threads(loaded_kernel)
+    names = {row["name"] for row in rows}
+    assert {"Control", "IOPub"} <= names or len(rows) >= 3, names
+    for row in rows:
+        result = loaded_kernel.run(f"%nbcoord stop --thread {row['tid']} --force --grace 0.2", allow_error=True)
+        assert result.status == "error"
+        message = result.errors[0]["evalue"] if result.errors else result.text
+        assert row["tid"] in message and "not started by a cell" in message, message
+    # The API refuses the same way, with a ValueError.
+    loaded_kernel.run(
+        "refusals = []\n"
+        "for r in kernel_rows:\n"
+        "    try:\n"
+        "        nbcoord.stop_all(thread=r['tid'], force=True, grace=0.2)\n"
+        "    except ValueError as exc:\n"
+        "        refusals.append(str(exc))\n"
+    )
+    refusals = loaded_kernel.evaluate("refusals")
+    assert len(refusals) == len(rows) and all("not started by a cell" in text for text in refusals)
+    # Neither a stop of everything, forced, nor of the zombies touches them.
+    report = loaded_kernel.evaluate("nbcoord.stop_all(force=True, grace=0.3)")
+    assert report["stopped"] == [] and report["alive"] == []
+    loaded_kernel.evaluate("nbcoord.stop_all(zombies=True, force=True, grace=0.3)['stopped']")
+    assert all_kernel_threads_alive(loaded_kernel)
+    assert loaded_kernel.evaluate("1 + 1") == 2
+    assert_exits_cleanly(loaded_kernel)
+
+
+def test_loaded_by_configuration_the_parent_poller_is_the_kernels(configured_kernel: Kernel) -> None:
+    configured_kernel.run("import nbcoord")
+    assert configured_kernel.evaluate("nbcoord._extension is not None")
+    rows = kernel_threads(configured_kernel)
+    user = configured_kernel.evaluate("[r['name'] for r in nbcoord.snapshot()['threads'] if r['user']]")
+    assert user == [], f"kernel threads counted as the user's: {user}"
+    assert configured_kernel.evaluate("nbcoord.snapshot()['zombie_count']") == 0
+    report = configured_kernel.evaluate("nbcoord.stop_all(force=True, grace=0.3)")
+    assert report["stopped"] == [] and report["alive"] == []
+    assert rows and all_kernel_threads_alive(configured_kernel)
+    # A thread a cell starts is the user's, and stops; the kernel's stay.
+    configured_kernel.run(
+        "import threading\n"
+        "def coop():\n"
+        "    while not nbcoord.should_stop():\n"
+        "        threading.Event().wait(0.01)\n"
+        "threading.Thread(target=coop, name='cell-thread').start()"
+    )
+    report = configured_kernel.evaluate("nbcoord.stop_all(grace=5)")
+    assert [row["name"] for row in report["stopped"]] == ["cell-thread"]
+    assert all_kernel_threads_alive(configured_kernel)
+    assert_exits_cleanly(configured_kernel)
+
+
+def test_threads_of_the_loading_cell_are_that_cells(python: str) -> None:
+    kernel = Kernel(python=python)
+    try:
+        result = kernel.run(
+            "%load_ext nbcoord\n"
+            "import threading, nbcoord\n"
+            "def coop():\n"
+            "    while not nbcoord.should_stop():\n"
+            "        threading.Event().wait(0.01)\n"
+            "same_cell = threading.Thread(target=coop, name='same-cell-as-load')\n"
+            "same_cell.start()"
+        )
+        count = int(result.reply["content"]["execution_count"])
+        row = kernel.evaluate("next(r for r in nbcoord.snapshot()['threads'] if r['name'] == 'same-cell-as-load')")
+        assert row["user"] and row["cell"] == count
+        report = kernel.evaluate(f"nbcoord.stop_all(cell={count}, grace=5)")
+        assert [r["name"] for r in report["stopped"]] == ["same-cell-as-load"]
+    finally:
+        kernel.close()
