@@ -141,6 +141,22 @@ function s(tag, attrs) {
   return node;
 }
 
+/**
+ * The URL of nbcoord's server page (every kernel of this Jupyter server), from the page's Jupyter config
+ * (JupyterLab, Notebook 7); null where there is none (VS Code).
+ * @returns {string | null}
+ */
+function fleetUrl() {
+  const node = document.getElementById("jupyter-config-data");
+  if (!node) return null;
+  try {
+    const base = JSON.parse(node.textContent || "{}").baseUrl;
+    return typeof base === "string" ? `${base.replace(/\/?$/, "/")}nbcoord/` : null;
+  } catch (err) {
+    return null;
+  }
+}
+
 /** @param {unknown} n */
 function isNum(n) {
   return typeof n === "number" && Number.isFinite(n);
@@ -308,6 +324,8 @@ function render({ model, el }) {
     pending: null,
     offsetMs: 0,
     lastUpdate: performance.now(),
+    /** @type {string | null} nbcoord's server page, once the server says it is there */
+    fleet: null,
   };
 
   const root = h("div", "nbc");
@@ -375,6 +393,14 @@ function render({ model, el }) {
       items.push(g);
     }
     items.push(h("span", "nbc-spacer"));
+    if (ui.fleet) {
+      const link = /** @type {HTMLAnchorElement} */ (h("a", "nbc-small", "All kernels ↗"));
+      link.href = ui.fleet;
+      link.target = "_blank";
+      link.rel = "noopener";
+      link.title = "Every kernel of this Jupyter server: zombies, GPU memory, stuck kernels (nbcoord's server page)";
+      items.push(link);
+    }
     const button = h("button", "nbc-btn danger", ui.pending ? "Stopping…" : "Stop all");
     button.dataset.action = "stop-all";
     button.title = "Stop every thread started since nbcoord was loaded (works while a cell is busy)";
@@ -844,6 +870,18 @@ function render({ model, el }) {
   const renew = setInterval(() => send({ type: "view", view_id: viewId, action: "alive" }), RENEW_MS);
   send({ type: "view", view_id: viewId, action: "open", client_time: Date.now() });
   draw();
+  // The link to the server page only where the server has nbcoord's extension (HEAD /nbcoord/ answers 200).
+  const fleet = fleetUrl();
+  if (fleet) {
+    fetch(fleet, { method: "HEAD", credentials: "same-origin" })
+      .then((response) => {
+        if (response.ok) {
+          ui.fleet = fleet;
+          schedule();
+        }
+      })
+      .catch(() => {});
+  }
 
   return () => {
     clearInterval(ticker);

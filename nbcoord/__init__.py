@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._snapshot import Snapshot
-from ._stop import ScopeKind, StopReport, ThreadStopped
+from ._stop import StopReport, ThreadStopped
 
 __all__ = [
     "NBCoordWarning",
@@ -40,6 +40,7 @@ __all__ = [
     "load_ipython_extension",
     "on_stop",
     "panel",
+    "restart_runners",
     "should_stop",
     "snapshot",
     "stop_all",
@@ -131,14 +132,17 @@ def stop_all(
     Raises
     ------
     ValueError
-        ``thread`` names no live thread, or one that no cell started.
+        ``thread`` names no live thread, or one that no cell started; ``cell`` names no cell nbcoord knows; more
+        than one of ``cell``, ``thread`` and ``zombies`` is given; ``grace`` is negative, not finite or over a day.
+    TypeError
+        ``cell`` is not an int, ``thread`` not a str, ``force`` or ``zombies`` not a bool, ``grace`` not a number.
     RuntimeError
         nbcoord is not loaded, or this is a forked child of the process that loaded it.
     """
-    kind: ScopeKind = (
-        "cell" if cell is not None else "thread" if thread is not None else "zombies" if zombies else "all"
-    )
-    return _require().stop(kind, grace=grace, force=force, cell=cell, tid=thread)  # type: ignore[no-any-return]
+    from ._checks import stop_scope
+
+    kind, cell, tid = stop_scope(cell=cell, thread=thread, zombies=zombies)
+    return _require().stop(kind, grace=grace, force=force, cell=cell, tid=tid)  # type: ignore[no-any-return]
 
 
 def should_stop() -> bool:
@@ -152,13 +156,60 @@ def should_stop() -> bool:
 
 
 def wait_for_stop(timeout: float | None = None) -> bool:
-    """Wait until a stop is requested for the calling thread; True if it was, False on timeout."""
+    """Wait until a stop is requested for the calling thread; True if it was, False on timeout.
+
+    Raises
+    ------
+    RuntimeError
+        No timeout in a thread no stop selects (the main thread, or one no cell started): it would wait forever.
+    TypeError, ValueError
+        ``timeout`` is not a finite number of seconds >= 0.
+    """
     return bool(_require().wait_for_stop(timeout))
 
 
 def on_stop(callback: Callable[[], None]) -> Callable[[], None]:
-    """Run ``callback`` when a stop concerns everything, or the cell that registered it; returns a remover."""
+    """Run ``callback`` when a stop concerns everything, or the cell that registered it; returns a remover.
+
+    A stop of the zombies runs it too when that cell was interrupted or failed; a stop of one thread never does.
+
+    Raises
+    ------
+    TypeError
+        ``callback`` cannot be called.
+    """
     return _require().on_stop(callback)  # type: ignore[no-any-return]
+
+
+def restart_runners(session: Any, *, grace: float | None = None) -> dict[str, Any]:
+    """Restart a TensorFlow session's queue runners: stop them through the one stop, reset the queues that stop
+    closed, and start them again with ``create_threads`` and a fresh Coordinator. Returns what restarted.
+
+    Parameters
+    ----------
+    session
+        The Session, or its id from ``snapshot()["sessions"]`` (``%nbcoord`` names it when runners are stuck).
+    grace
+        Seconds the stop may take (default: ``NBCoord.grace_period``).
+
+    Raises
+    ------
+    ValueError
+        No open session is known by that id, or it has no queue runners started; ``grace`` is not a finite number.
+    RuntimeError
+        nbcoord is not loaded, or TensorFlow is not imported.
+    """
+    extension = _require()
+    from ._checks import optional_seconds
+    from .integrations.tensorflow import current
+
+    grace = optional_seconds("grace", grace)
+    integration = current()
+    if integration is None or not integration.active:
+        raise RuntimeError("TensorFlow is not imported: there is no session to restart.")
+    report: dict[str, Any] = dict(integration.restart_runners(session, grace=grace))
+    extension.snapshots.last_restart = report
+    return report
 
 
 def panel() -> Any:

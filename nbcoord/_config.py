@@ -10,8 +10,22 @@ At run time: ``%nbcoord config grace_period=2``.
 
 from __future__ import annotations
 
-from traitlets import Bool, Float, Integer
+import math
+from typing import Any
+
+from traitlets import Bool, Float, Integer, TraitError, validate
 from traitlets.config import Configurable
+
+#: The largest value each number of seconds may take: beyond it a setting is a mistake (an infinite panel interval
+#: would end the panel's thread, a NaN budget turn every shutdown into SIGTERM).
+UPPER_BOUNDS: dict[str, float] = {
+    "grace_period": 3600.0,
+    "shutdown_budget": 60.0,
+    "shutdown_force_after": 60.0,
+    "monitor_interval": 3600.0,
+    "panel_interval": 3600.0,
+    "stuck_after": 86400.0,
+}
 
 
 class NBCoord(Configurable):
@@ -56,11 +70,28 @@ class NBCoord(Configurable):
         min=0.1,
         help="Seconds between panel refreshes; nothing is sent when nothing changed.",
     ).tag(config=True)
+    stuck_after = Float(
+        30.0,
+        min=0.1,
+        help=(
+            "Seconds a TensorFlow QueueRunner thread may go without an enqueue, while its queue has room, before "
+            "it is called stuck (in the report, the panel and the JSON)."
+        ),
+    ).tag(config=True)
     max_report_threads = Integer(
         200,
         min=1,
+        max=1_000_000,
         help="Rows per section shown by the text report before it summarises the rest.",
     ).tag(config=True)
+
+    @validate(*UPPER_BOUNDS)
+    def _finite_seconds(self, proposal: dict[str, Any]) -> float:
+        """Every number of seconds is finite and below its bound (``min`` is checked by the trait itself)."""
+        name, value = proposal["trait"].name, float(proposal["value"])
+        if not math.isfinite(value) or value > UPPER_BOUNDS[name]:
+            raise TraitError(f"{name} must be a finite number of seconds up to {UPPER_BOUNDS[name]:g}, not {value}")
+        return value
 
 
 #: Settings that ``%nbcoord config`` may change, with the type each is parsed as.
@@ -72,5 +103,6 @@ RUNTIME_SETTINGS: dict[str, type] = {
     "shutdown_force_after": float,
     "monitor_interval": float,
     "panel_interval": float,
+    "stuck_after": float,
     "max_report_threads": int,
 }

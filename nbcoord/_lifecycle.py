@@ -6,7 +6,9 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
+import re
 import sys
 import threading
 import time
@@ -15,12 +17,12 @@ from typing import Any
 
 import psutil
 
-from . import _fork, _log
+from . import _checks, _control, _fork, _log
+from ._callbacks import Callbacks
 from ._config import NBCoord
 from ._internals import abandon_thread, exit_now, running_cell
 from ._probes import CellWindow, ResourceProbe, Resources, thread_cpu_seconds
 from ._registry import CellOutcome, Registry
-from ._report import ZOMBIE_WORDS
 from ._shutdown import ShutdownHooks
 from ._snapshot import Snapshot, SnapshotBuilder
 from ._stop import ScopeKind, StopMechanism, StopReport, StopScope, ThreadStopped
@@ -29,6 +31,8 @@ from .integrations.tensorflow import watch as watch_tensorflow
 
 log = logging.getLogger("nbcoord")
 
+#: How IPython's compiler names a cell's code in tracebacks.
+_CELL_NAME = re.compile(r"In\[(\d+)\]")
 #: Threads whose CPU time is read per monitor tick (about 18 us each): bounds the monitor's cost.
 CPU_SAMPLES_PER_TICK = 64
 #: At shutdown, how long daemon threads are waited for: the interpreter itself would not wait for them at all,
@@ -58,11 +62,11 @@ class Extension:
     def __init__(self, shell: Any) -> None:
         self.shell = shell
         self.config = NBCoord(parent=shell)
-        self.registry = Registry()
+        self.registry = Registry(keep_cells=self._cells_in_use)
         self.monitor = Monitor(lambda: self.config.monitor_interval)
         self.hooks = ThreadHooks(self.registry, ignore_exception=lambda exc: isinstance(exc, ThreadStopped))
-        self.snapshots = SnapshotBuilder(self.registry, lambda: self.config.grace_period)
-        self.stopper = StopMechanism(self.registry, self._children_in_scope)
+        self.snapshots = SnapshotBuilder(self.registry, lambda: self.config.grace_period, self.cell_of_file)
+        self.stopper = StopMechanism(self.registry, self._children_in_scope, self.cell_of_file)
         self.stopper.on_report = self._remember_stop
         self.shutdown = ShutdownHooks(
             self._shutdown_stop,
@@ -70,10 +74,15 @@ class Extension:
             at_exit=self._leave_unstoppable,
         )
         self.probe = ResourceProbe()
+        #: Routes that could not be installed here, with why (the panel's fast route, the server's control route).
+        self.degraded_routes: dict[str, str] = {}
         #: Non-daemon threads that would not stop at shutdown and that the interpreter could not be told to leave.
         self._unjoinable: list[threading.Thread] = []
-        self._user_stoppers: list[tuple[Callable[[], None], int | None]] = []
-        self._own_stoppers: list[Callable[[], None]] = []
+        # on_stop callbacks with the cell that registered them, and nbcoord's own threads' stoppers.
+        self._user_stoppers: Callbacks[Callable[[], None]] = Callbacks()
+        self._user_stopper_cells: dict[str, int | None] = {}
+        self._own_stoppers: Callbacks[Callable[[], None]] = Callbacks()
+        self._callback_ids = itertools.count(1)
         self._cpu_cursor = 0
         self._undo: list[Callable[[], None]] = []
         self._first_count = _ipython_major() >= 9
@@ -109,7 +118,7 @@ class Extension:
         self._undo.append(self.stopper.add_stopper("user", self._run_user_stoppers))
         self._undo.append(self.monitor.add_task("activity", self.registry.sample_activity))
         self._undo.append(self.monitor.add_task("thread-cpu", self._sample_thread_cpu))
-        self._undo.append(self.monitor.add_task("resources", self._sample_resources))
+        self._undo.append(self.monitor.add_task("resources", self._monitor_resources))
         self._undo.append(self.snapshots.add_source("resources", self._resources_section))
         self._undo.append(self.probe.close)
         self.monitor.start()
@@ -117,6 +126,9 @@ class Extension:
         self.shutdown.install(self.shell)
         self._undo.append(self.shutdown.uninstall)
         self._undo.append(watch_tensorflow(self))
+        # Last: the Jupyter server's requests are answered only once everything else is in place (and unload
+        # removes this first).
+        self._undo.append(_control.install(self))
         self.installed = True
 
     def _forget_in_child(self) -> None:
@@ -127,13 +139,7 @@ class Extension:
 
     def add_own_stopper(self, stop: Callable[[], None]) -> Callable[[], None]:
         """Register how to stop one of nbcoord's own threads (the panel's sender); the shutdown runs it first."""
-        self._own_stoppers.append(stop)
-
-        def remove() -> None:
-            if stop in self._own_stoppers:
-                self._own_stoppers.remove(stop)
-
-        return remove
+        return self._own_stoppers.add(f"own-{next(self._callback_ids)}", stop)
 
     def add_undo(self, undo: Callable[[], None]) -> None:
         """Remember something to undo at uninstall (integrations and the panel add theirs)."""
@@ -171,28 +177,61 @@ class Extension:
             if cell is None:
                 return
             if outcome == "interrupted" and self.config.stop_on_interrupt:
-                report = self.stop(kind="cell", cell=cell.execution_count)
-                if report["stopped"] or report["alive"]:
-                    print(f"nbcoord: stopped the threads of interrupted cell [{cell.execution_count}].")
-            if outcome != "ok":
+                self._stop_interrupted(cell.execution_count)
+            elif outcome != "ok":
                 self._announce_zombies(cell.execution_count)
         except Exception:
             log.warning("nbcoord: post_run_cell hook failed", exc_info=True)
 
+    def degraded(self) -> dict[str, str]:
+        """What works differently here, and how: internals found missing, routes that could not be installed."""
+        from . import _internals
+        from .integrations import _tf_internals
+
+        return {**_internals.degraded(), **_tf_internals.degraded(), **self.degraded_routes}
+
+    def cell_of_file(self, filename: str) -> int | None:
+        """The execution count of the cell whose code ``filename`` holds (IPython compiles each cell from a file of
+        its own), through the shell compiler's public ``format_code_name``; None for any other file."""
+        format_code_name = getattr(getattr(self.shell, "compile", None), "format_code_name", None)
+        if format_code_name is None:
+            return None
+        try:
+            named = format_code_name(filename)
+        except Exception:  # a compiler of another shell: locations stay file names
+            return None
+        if not named:
+            return None
+        match = _CELL_NAME.fullmatch(str(named[1]))
+        return int(match.group(1)) if match else None
+
+    def _stop_interrupted(self, execution_count: int) -> None:
+        """``stop_on_interrupt``: stop what the interrupted cell started, and say so in one line."""
+        report = self.stop(kind="cell", cell=execution_count)
+        stopped, alive = report["stopped"], report["alive"]
+        if not stopped and not alive:
+            return
+        line = f"nbcoord: cell [{execution_count}] was interrupted: stopped {len(stopped)} thread(s)"
+        if alive:
+            names = ", ".join(row["name"] for row in alive[:5]) + (" ..." if len(alive) > 5 else "")
+            line += f"; {len(alive)} still running ({names}): see %nbcoord zombies"
+        print(line + ".", file=sys.stderr)
+
     def _announce_zombies(self, execution_count: int) -> None:
+        """After an interrupted or failed cell: one line naming what it left running."""
         grace = self.config.grace_period
         cell = self.registry.cell(execution_count)
         zombies = [
-            (record, reason)
+            record
             for record in (self.registry.records_of_cell(cell) if cell is not None else [])
-            if (reason := self.registry.zombie_reason(record, grace)) is not None
+            if self.registry.zombie_reasons(record, grace)
         ]
-        if not zombies:
+        if not zombies or cell is None:
             return
-        names = ", ".join(record.name for record, _ in zombies[:5]) + (" ..." if len(zombies) > 5 else "")
-        why = ZOMBIE_WORDS[zombies[0][1]]
+        names = ", ".join(record.name for record in zombies[:5]) + (" ..." if len(zombies) > 5 else "")
+        what = "was interrupted" if cell.outcome == "interrupted" else "failed"
         print(
-            f"nbcoord: this cell left {len(zombies)} zombie thread(s) running ({why}): {names}. "
+            f"nbcoord: cell [{execution_count}] {what} and left {len(zombies)} thread(s) running: {names}. "
             "See %nbcoord zombies; stop them with %nbcoord stop --zombies.",
             file=sys.stderr,
         )
@@ -204,8 +243,9 @@ class Extension:
         first = failures[0]
         where = f" started by cell [{first.cell}]" if first.cell is not None else ""
         more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+        note = f" {first.notes[0]}" if first.notes else ""
         print(
-            f"nbcoord: thread {first.thread_name!r}{where} failed: {first.exc_type}: {first.message}{more}. "
+            f"nbcoord: thread {first.thread_name!r}{where} failed: {first.exc_type}: {first.message}{more}.{note} "
             "See %nbcoord for tracebacks.",
             file=sys.stderr,
         )
@@ -225,12 +265,26 @@ class Extension:
         Raises
         ------
         ValueError
-            ``tid`` names no live thread, or one that no cell started (the kernel's own, or nbcoord's).
+            ``tid`` names no live thread, or one that no cell started (the kernel's own, or nbcoord's); ``cell``
+            names no known cell; ``grace`` is negative, not finite or over a day.
+        TypeError
+            ``grace`` is not a number, ``force`` not a bool.
         """
+        grace = self.config.grace_period if grace is None else _checks.finite_number("grace", grace)
+        _checks.flag("force", force)
+        if kind == "cell":
+            self.check_cell(cell)
         if kind == "thread":
             self.check_stoppable(tid)
-        grace = self.config.grace_period if grace is None else grace
         return self.stopper.stop(kind, grace=grace, force=force, cell=cell, tid=tid)
+
+    def check_cell(self, cell: int | None) -> None:
+        """Raise ValueError unless nbcoord knows cell ``cell``."""
+        if cell is None or self.registry.cell(cell) is None:
+            raise ValueError(
+                f"No cell [{cell}] is known: nbcoord keeps the cells run since it was loaded that still have "
+                "something running, and the most recent ones."
+            )
 
     def check_stoppable(self, tid: str | None) -> None:
         """Raise ValueError unless ``tid`` is a live thread of the user's (one a cell started)."""
@@ -245,44 +299,76 @@ class Extension:
             )
 
     def on_stop(self, callback: Callable[[], None]) -> Callable[[], None]:
-        """Register a user callback, run by stops of everything or of the cell that registered it."""
+        """Register a user callback, run by stops of everything and of the cell that registered it (and of the
+        zombies, when that cell was interrupted or failed); never by a stop of one thread.
+
+        Raises
+        ------
+        TypeError
+            ``callback`` cannot be called.
+        """
+        _checks.callback("on_stop", callback)
         current = self.registry.current_cell()
-        entry = (callback, current.execution_count if current is not None else None)
-        self._user_stoppers.append(entry)
+        name = f"on_stop-{next(self._callback_ids)}"
+        self._user_stopper_cells[name] = current.execution_count if current is not None else None
+        remove = self._user_stoppers.add(name, callback)
 
-        def remove() -> None:
-            if entry in self._user_stoppers:
-                self._user_stoppers.remove(entry)
+        def remove_both() -> None:
+            remove()
+            self._user_stopper_cells.pop(name, None)
 
-        return remove
+        return remove_both
 
     def _run_user_stoppers(self, scope: StopScope) -> None:
-        cells = {r.cell.execution_count for r in scope.records if r.cell is not None}
+        if scope.kind == "thread":
+            return
         failures: list[str] = []
-        for callback, cell in list(self._user_stoppers):
-            if scope.kind == "all" or cell is None or cell in cells:
-                try:
-                    callback()
-                except Exception as exc:
-                    log.warning("nbcoord: on_stop callback %r failed", callback, exc_info=True)
-                    failures.append(f"{callback!r}: {type(exc).__name__}: {exc}")
+        for name, callback in self._user_stoppers.items():
+            cell = self._user_stopper_cells.get(name)
+            chosen = (
+                scope.kind == "all"
+                or (scope.kind == "cell" and cell is not None and cell == scope.cell)
+                or (scope.kind == "zombies" and cell is not None and self._cell_failed(cell))
+            )
+            if not chosen:
+                continue
+            try:
+                callback()
+            except Exception as exc:
+                log.warning("nbcoord: on_stop callback %r failed", callback, exc_info=True)
+                failures.append(f"{callback!r}: {type(exc).__name__}: {exc}")
         if failures:
             raise RuntimeError("; ".join(failures))
 
     def _remember_stop(self, report: StopReport) -> None:
         self.snapshots.last_stop = dict(report)
 
+    def _cells_in_use(self) -> set[int]:
+        """Cells that something outside the registry refers to: kept when old cells are forgotten."""
+        used = {cell for cell in self._user_stopper_cells.values() if cell is not None}
+        last = self.snapshots.last_stop
+        if last:
+            used.update(row["cell"] for row in [*last["stopped"], *last["alive"]] if row.get("cell") is not None)
+            if last.get("cell") is not None:
+                used.add(last["cell"])
+        sample = self.probe.last_sample
+        if sample is not None:
+            used.update(child["cell"] for child in sample["children"] if child["cell"] is not None)
+        return used
+
     def _cell_windows(self) -> list[CellWindow]:
         return [CellWindow(c.execution_count, c.started_at, c.ended_at) for c in self.registry.cells()]
 
     def _sample_resources(self) -> Resources:
-        """One resource sample (cheap between the probe's rate-limited full reads); feeds per-thread CPU."""
-        python_threads = {
-            r.native_id: r.name for r in self.registry.records(include_internal=True) if r.native_id is not None
-        }
-        resources = self.probe.sample(self._cell_windows(), python_threads)
-        self.registry.note_cpu({t["native_id"]: t["cpu_s"] for t in resources["native_threads"]})
-        return resources
+        """One resource sample (cheap between the probe's rate-limited full reads)."""
+        return self.probe.sample(self._cell_windows(), self.registry.native_names())
+
+    def _monitor_resources(self) -> None:
+        """The monitor's sample: keeps the probe's history going, and feeds per-thread CPU from each new read."""
+        noted = self.probe.read_at
+        resources = self._sample_resources()
+        if self.probe.read_at != noted:
+            self.registry.note_cpu({t["native_id"]: t["cpu_s"] for t in resources["native_threads"]})
 
     def _sample_thread_cpu(self) -> None:
         """CPU time of the user's threads, a bounded number per tick, so that a busy thread never looks idle
@@ -332,7 +418,7 @@ class Extension:
         are left out of the interpreter's exit join (or, where it cannot be told, the exit ends the process)."""
         started = time.monotonic()
         budget = self.config.shutdown_budget
-        own: list[Callable[[], None]] = [*self._own_stoppers, self._stop_monitor]
+        own: list[Callable[[], None]] = [stop for _, stop in self._own_stoppers.items()] + [self._stop_monitor]
         for stop_own in own:
             try:
                 stop_own()
@@ -389,12 +475,29 @@ class Extension:
         return self.registry.stop_requested_for_current()
 
     def wait_for_stop(self, timeout: float | None) -> bool:
-        """Block until a stop is requested for the calling thread, or the timeout passes."""
-        event = self.registry.stop_event_for_current()
-        if event is None:
+        """Block until a stop is requested for the calling thread, or the timeout passes.
+
+        Raises
+        ------
+        RuntimeError
+            No timeout, in a thread that no stop selects (the main thread, one no cell started): it would wait
+            forever.
+        TypeError, ValueError
+            ``timeout`` is not a finite number of seconds >= 0.
+        """
+        timeout = _checks.optional_seconds("timeout", timeout)
+        me = threading.current_thread()
+        record = self.registry.for_thread(me)
+        if record is None or not record.user or me is threading.main_thread():
+            if timeout is None:
+                raise RuntimeError(
+                    f"wait_for_stop() without a timeout would wait forever in thread {me.name!r}: no stop selects "
+                    "it (only threads that cells started are stopped). Pass a timeout."
+                )
             threading.Event().wait(timeout)
             return False
-        return event.wait(timeout)
+        event = self.registry.stop_event_for_current()
+        return event is not None and event.wait(timeout)
 
     def panel(self) -> Any:
         """The live panel (one per kernel; displaying it again shows another view of the same widget)."""

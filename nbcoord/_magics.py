@@ -10,11 +10,11 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from traitlets import TraitError
 
 from . import _report
+from ._checks import stop_scope
 from ._config import RUNTIME_SETTINGS
 from ._lifecycle import Extension
-from ._stop import ScopeKind
 
-COMMANDS = ("report", "threads", "zombies", "json", "stop", "config", "mem", "panel")
+COMMANDS = ("report", "threads", "zombies", "json", "stop", "config", "mem", "panel", "restart")
 _STOP_OPTIONS = ("grace", "force", "cell", "thread", "zombies")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -53,10 +53,11 @@ class NBCoordMagics(Magics):
             "report (default): threads by cell, zombies first, queues, failures, memory; "
             "threads: the thread list; zombies: only zombies; json: the snapshot as JSON; "
             "stop: the bounded stop; config: show or set settings (name=value); "
-            "mem: memory, GPU, native threads, child processes; panel: the live widget panel"
+            "mem: memory, GPU, native threads, child processes; panel: the live widget panel; "
+            "restart SESSION: restart a TensorFlow session's queue runners (stop, reset closed queues, start again)"
         ),
     )
-    @argument("settings", nargs="*", help="for config: name=value pairs")
+    @argument("settings", nargs="*", help="for config: name=value pairs; for restart: the session id")
     @argument("--all", action="store_true", help="threads: include threads that existed before loading")
     @argument("--stacks", action="store_true", help="threads/zombies: include each thread's current stack")
     @argument("--grace", type=float, default=None, help="stop: seconds to wait for threads (default: config)")
@@ -76,15 +77,17 @@ class NBCoordMagics(Magics):
             %nbcoord stop --grace 2     # stop everything nbcoord knows, wait up to 2 s
             %nbcoord stop --cell 5      # only what cell [5] started
             %nbcoord config grace_period=2
+            %nbcoord restart s1         # a TensorFlow session's queue runners, stopped and started again
         """
         args = parse_argstring(self.nbcoord, line)
         command = args.command
         if command not in COMMANDS:
             raise UsageError(f"Unknown command {command!r}; use one of: {', '.join(COMMANDS)}.")
-        if command != "config" and args.settings:
+        if command not in ("config", "restart") and args.settings:
             raise UsageError(f"Unexpected argument(s) {' '.join(args.settings)!r} for %nbcoord {command}.")
         if command != "stop":
-            given = [opt for opt in _STOP_OPTIONS if getattr(args, opt) not in (None, False)]
+            allowed = ("grace",) if command == "restart" else ()
+            given = [opt for opt in _STOP_OPTIONS if opt not in allowed and getattr(args, opt) not in (None, False)]
             if given:
                 raise UsageError(f"--{given[0]} only goes with %nbcoord stop.")
         return getattr(self, f"_cmd_{command}")(args)
@@ -98,6 +101,7 @@ class NBCoordMagics(Magics):
                 show_all=args.all,
                 stacks=args.stacks,
                 limit=self.extension.config.max_report_threads,
+                degraded=self.extension.degraded(),
             )
         )
 
@@ -117,35 +121,45 @@ class NBCoordMagics(Magics):
         print(_report.to_json(self.extension.snapshot(stacks=args.stacks)))
 
     def _cmd_stop(self, args: Any) -> None:
-        scopes = [name for name in ("cell", "thread") if getattr(args, name) is not None]
-        if args.zombies:
-            scopes.append("zombies")
-        if len(scopes) > 1:
-            raise UsageError("Choose one of --cell, --thread and --zombies.")
-        if args.grace is not None and args.grace < 0:
-            raise UsageError("--grace takes a number of seconds >= 0.")
-        kind: ScopeKind = scopes[0] if scopes else "all"  # type: ignore[assignment]
         try:
-            report = self.extension.stop(kind, grace=args.grace, force=args.force, cell=args.cell, tid=args.thread)
-        except ValueError as exc:
+            kind, cell, tid = stop_scope(cell=args.cell, thread=args.thread, zombies=args.zombies)
+            report = self.extension.stop(kind, grace=args.grace, force=args.force, cell=cell, tid=tid)
+        except (ValueError, TypeError) as exc:
             raise UsageError(str(exc)) from None
         print(_report.stop_report(report))
 
     def _cmd_config(self, args: Any) -> None:
         config = self.extension.config
+        changed: list[str] = []
         for item in args.settings:
             name, sep, value = item.partition("=")
+            name, value = name.strip(), value.strip()
             if not sep:
                 raise UsageError(f"Settings are name=value, not {item!r}.")
             try:
-                setattr(config, name.strip(), parse_setting(name.strip(), value.strip()))
+                setattr(config, name, parse_setting(name, value))
             except TraitError as exc:
-                raise UsageError(f"{name.strip()} cannot be {value.strip()!r}: {exc}") from None
-        for name in sorted(RUNTIME_SETTINGS):
+                raise UsageError(f"{name} cannot be {value!r}: {exc}") from None
+            changed.append(name)
+        for name in changed or sorted(RUNTIME_SETTINGS):
             print(f"{name} = {getattr(config, name)!r}")
 
     def _cmd_mem(self, args: Any) -> None:
-        print("\n".join(_report.resources_section(self.extension.snapshot()) or ["nbcoord: no resource data."]))
+        self.extension.probe.invalidate()  # a fresh read: what started a moment ago is counted
+        snapshot = self.extension.snapshot()
+        lines = _report.resources_section(snapshot, details=True) or ["nbcoord: no resource data."]
+        print("\n".join(lines))
+
+    def _cmd_restart(self, args: Any) -> None:
+        if len(args.settings) != 1:
+            raise UsageError("Name one session: %nbcoord restart s1 (%nbcoord lists the sessions with stuck runners).")
+        import nbcoord
+
+        try:
+            report = nbcoord.restart_runners(args.settings[0], grace=args.grace)
+        except (ValueError, TypeError, RuntimeError) as exc:
+            raise UsageError(str(exc)) from None
+        print(report["text"])
 
     def _cmd_panel(self, args: Any) -> Any:
         return self.extension.panel()

@@ -51,7 +51,7 @@ from ._panel_commands import (
     parse_command,
     reject,
 )
-from ._snapshot import Snapshot, ThreadRow, format_stack
+from ._snapshot import Snapshot, ThreadRow, creation_lines, format_stack
 from ._stop import StopReport
 from ._threads import INTERNAL_PREFIX
 
@@ -399,13 +399,6 @@ def _resource_history(extension: Any) -> Sequence[Mapping[str, Any]]:
     return points if isinstance(points, list) else []
 
 
-def _frame_text(entry: object) -> str:
-    """A creation-stack entry, ``(file, line, function)`` or already text, as ``file:line in function``."""
-    if isinstance(entry, tuple) and len(entry) == 3:
-        return f"{entry[0]}:{entry[1]} in {entry[2]}"
-    return str(entry)
-
-
 def _json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
 
@@ -536,6 +529,8 @@ class PanelController:
         self._had_view = False
         kernel = getattr(extension.shell, "kernel", None)
         self.route = _fastcomm.install(kernel, self._from_fast_route, types=COMMAND_TYPES)
+        if self.route.reason is not None:
+            extension.degraded_routes["the panel's fast route"] = f"{self.route.reason}; Stop acts when the cell ends"
         initial = self._state()
         self._resources: dict[str, Any] | None = initial["resources"]
         self._sent = dict(initial)
@@ -755,8 +750,8 @@ class PanelController:
             "tid": record.tid,
             "name": record.name,
             "click_id": command.click_id,
-            "stack": format_stack(frame) if frame is not None else [],
-            "creation": [_frame_text(entry) for entry in record.creation_stack],
+            "stack": format_stack(frame, cell_of=self.extension.cell_of_file) if frame is not None else [],
+            "creation": creation_lines(record, self.extension.cell_of_file),
             "at": round(time.time(), 3),
         }
         with self._lock:

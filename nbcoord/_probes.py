@@ -630,12 +630,20 @@ class ResourceProbe:
         self._max_duty = max_duty
         self._process = process if process is not None else psutil.Process()
         self._clock = clock
-        # _lock guards _slow, _slow_at, _history, _logged and the NVML state
+        # _lock guards _slow, _slow_at, _history, _native and the NVML state; _logged_lock guards _logged
         self._lock = threading.Lock()
+        self._logged_lock = threading.Lock()
         self._slow: _Slow | None = None
         self._slow_at = 0.0
         self._history: collections.deque[HistoryPoint] = collections.deque(maxlen=max(1, history_len))
         self._logged: set[str] = set()
+        #: The native-thread rows of the last sample, with the read and the names they came from: a sample
+        #: between full reads with the same names reuses them (1000 threads: 0.5 ms a snapshot otherwise).
+        self._native: tuple[_Slow | None, Mapping[int, str] | None, list[NativeThread]] = (None, None, [])
+        #: When the last full read was made (``clock``): callers that only want new figures compare it.
+        self.read_at = 0.0
+        #: The last sample, read-only (the extension keeps the cells its child processes came from).
+        self.last_sample: Resources | None = None
 
     def sample(self, cells: Sequence[CellWindow], python_threads: Mapping[int, str]) -> Resources:
         """One picture of the resources; the expensive part is at most ``min_native_interval`` old.
@@ -649,7 +657,7 @@ class ResourceProbe:
             fresh = slow is None or now - self._slow_at >= self._next_interval
             if slow is None or fresh:
                 slow = self._slow = self._read_slow()
-                self._slow_at = now
+                self._slow_at = self.read_at = now
                 if self._max_duty:
                     # an expensive read that took 20 ms waits 4 s at a duty of 0.5 %, whatever the interval
                     cost = self._clock() - now
@@ -657,10 +665,16 @@ class ResourceProbe:
                 rss = slow.rss
             else:
                 rss = self._guard("rss", self._rss, slow.rss)
-            resources = _assemble(slow, rss, cells, python_threads, self._process.pid)
+            resources = _assemble(slow, rss, cells, self._native_rows(slow, python_threads), self._process.pid)
+            self.last_sample = resources
             if fresh:
                 self._history.append(_history_point(resources))
             return resources
+
+    def invalidate(self) -> None:
+        """Make the next sample a full read (``%nbcoord mem`` shows a child started a moment ago)."""
+        with self._lock:
+            self._slow = None
 
     def history(self) -> list[HistoryPoint]:
         """The history ring, oldest first: one point per expensive read, at most ``history_len``."""
@@ -740,19 +754,32 @@ class ResourceProbe:
         rows = _children_linux(self._process.pid) if _HAS_PROC else _children_psutil(self._process)
         return sorted(rows, key=lambda r: (r.started_at, r.pid))
 
+    def _native_rows(self, slow: _Slow, names: Mapping[int, str]) -> list[NativeThread]:
+        """Rows of the OS's threads, labelled with Python's names; the last ones when neither changed."""
+        cached_slow, cached_names, rows = self._native
+        if cached_slow is not slow or (cached_names is not names and cached_names != names):
+            rows = [
+                NativeThread(native_id=tid, name=name, cpu_s=cpu, python_name=names.get(tid))
+                for tid, name, cpu in slow.threads
+            ]
+            self._native = (slow, names, rows)
+        return list(rows)  # a list of its own; the rows, read-only, are shared
+
     def _guard(self, what: str, read: Callable[[], _T], default: _T) -> _T:
         """``read()``, or ``default`` if it fails; each kind of failure is logged once, with its traceback."""
         try:
             return read()
         except Exception:
-            if what not in self._logged:
+            with self._logged_lock:  # _guard also runs outside _lock (children_in_cells, for the stop)
+                first = what not in self._logged
                 self._logged.add(what)
+            if first:
                 logger.warning("nbcoord: reading %s failed", what, exc_info=True)
             return default
 
 
 def _assemble(
-    slow: _Slow, rss: int, cells: Sequence[CellWindow], python_threads: Mapping[int, str], own_pid: int
+    slow: _Slow, rss: int, cells: Sequence[CellWindow], native_threads: list[NativeThread], own_pid: int
 ) -> Resources:
     """Fresh rows (callers may keep or change them) from the cached read and the current labels."""
     devices = [d.copy() for d in slow.gpu.devices]
@@ -790,10 +817,7 @@ def _assemble(
             tf_cpu_current=None if tf_cpu is None else tf_cpu[0],
             tf_cpu_peak=None if tf_cpu is None else tf_cpu[1],
         ),
-        native_threads=[
-            NativeThread(native_id=tid, name=name, cpu_s=cpu, python_name=python_threads.get(tid))
-            for tid, name, cpu in slow.threads
-        ],
+        native_threads=native_threads,
         children=children,
         sampled_at=time.time(),
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import sys
 import threading
 import time
@@ -20,10 +21,12 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from types import FrameType
+from types import CodeType, FrameType
 from typing import Any, Literal
 
 from ._internals import running_threads
+
+log = logging.getLogger("nbcoord")
 
 #: The interpreter's own table of running threads (ident -> Thread), looked up when the first Registry is made;
 #: None where this Python has none (liveness then comes from ``Thread.is_alive()``).
@@ -34,12 +37,17 @@ ZombieReason = Literal["cell-interrupted", "cell-error", "stop-ignored", "owner-
 
 #: How many frames of the starting code a record keeps. Short on purpose: it is taken on every Thread.start.
 CREATION_STACK_DEPTH = 6
-#: What Thread.start queues: thread, parent, creation stack, owner, internal, the cell then running, the time.
-PendingStart = tuple[
-    threading.Thread, threading.Thread, list[tuple[str, int, str]], "Owner | None", bool, "CellInfo | None", float
-]
+#: What Thread.start queues: thread, parent, creation stack, owner, the cell then running, the time.
+PendingStart = tuple[threading.Thread, threading.Thread, list[Any], "Owner | None", "CellInfo | None", float]
+#: Prefix of every thread nbcoord itself starts; they are internal and never shown or stopped as user threads.
+INTERNAL_PREFIX = "nbcoord-"
 #: How many thread failures are kept; older ones are dropped first.
 MAX_FAILURES = 100
+#: Finished cells kept besides those something still refers to (a live thread, a child process, a stop report, an
+#: on_stop callback): a long session runs thousands of cells, and every snapshot lists the cells it keeps.
+RECENT_CELLS = 100
+#: How far past RECENT_CELLS the table may grow before it is trimmed (trimming is a pass over every thread).
+_CELL_SLACK = 50
 
 
 @dataclass
@@ -53,6 +61,8 @@ class CellInfo:
     ended_at: float | None = None
     outcome: CellOutcome = "running"
     error: str | None = None
+    #: The snapshot's row of a finished cell (it no longer changes), made once.
+    row_cache: dict[str, Any] | None = None
 
 
 @dataclass
@@ -96,9 +106,11 @@ class ThreadFailure:
     traceback: str
     at: float
     reported: bool = False
+    #: The exception's notes (PEP 678: an integration explains a library's error there), as text.
+    notes: list[str] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(slots=True)
 class ThreadRecord:
     """What the registry knows about one thread."""
 
@@ -112,8 +124,10 @@ class ThreadRecord:
     cell: CellInfo | None
     parent_name: str | None
     parent_tid: str | None
-    #: Raw (file, line, function) tuples, innermost first; formatted only when a view asks (start() stays cheap).
-    creation_stack: list[tuple[str, int, str]]
+    #: The starting code, innermost first, flat: [code, offset, code, offset, ...] (no tuple per frame, and the
+    #: bytecode offset rather than the line, decoded only when shown: start() stays cheap); :meth:`creation_frames`
+    #: gives (file, line, function) triples.
+    creation_stack: list[Any]
     preexisting: bool = False
     internal: bool = False
     #: Claimed as the user's by an integration although no cell started it (a QueueRunner started before load).
@@ -121,9 +135,15 @@ class ThreadRecord:
     owners: list[Owner] = field(default_factory=list)
     #: creation_stack as text, made on the first view that asks and kept (it never changes).
     creation_lines: list[str] | None = None
+    #: The last snapshot row made of this record, and whether a field it shows changed since (set by every write
+    #: below; a snapshot reuses the row while it is clean: see SnapshotBuilder.thread_row).
+    row_cache: dict[str, Any] | None = None
+    row_dirty: bool = True
     #: Created on first use by wait_for_stop, so that Thread.start does not pay for an Event per thread.
     stop_event: threading.Event | None = None
     stop_requested_at: float | None = None
+    #: When an owner of this thread was first seen closed (a reason to call it a zombie, with its moment).
+    owner_closed_at: float | None = None
     last_exception: ThreadFailure | None = None
     last_active: float = 0.0
     activity_signature: tuple[int, int] | None = None
@@ -133,6 +153,12 @@ class ThreadRecord:
     def thread(self) -> threading.Thread | None:
         """The live Thread object, or None once it is gone."""
         return self.thread_ref()
+
+    def creation_frames(self) -> list[tuple[str, int, str]]:
+        """Where the thread was started, innermost first, as (file, line, function)."""
+        flat = self.creation_stack
+        pairs = zip(flat[0::2], flat[1::2], strict=False)
+        return [(code.co_filename, line_of(code, offset), code.co_name) for code, offset in pairs]
 
     @property
     def user(self) -> bool:
@@ -154,24 +180,39 @@ class ThreadRecord:
         return table.get(self.ident) is thread if table is not None else thread.is_alive()
 
 
-def creation_stack(frame: FrameType | None, depth: int = CREATION_STACK_DEPTH) -> list[tuple[str, int, str]]:
-    """A short, cheap stack of the innermost frames as (file, line, function), without reading sources."""
-    stack: list[tuple[str, int, str]] = []
-    while frame is not None and len(stack) < depth:
-        code = frame.f_code
-        stack.append((code.co_filename, frame.f_lineno, code.co_name))
+def creation_stack(frame: FrameType | None, depth: int = CREATION_STACK_DEPTH) -> list[Any]:
+    """A short, cheap stack of the innermost frames, flat: [code, offset, code, offset, ...] (no source reads)."""
+    stack: list[Any] = []
+    for _ in range(depth):
+        if frame is None:
+            break
+        stack.append(frame.f_code)
+        stack.append(frame.f_lasti)
         frame = frame.f_back
     return stack
+
+
+def line_of(code: CodeType, offset: int) -> int:
+    """The source line of the instruction at ``offset`` (a frame's ``f_lasti``) in ``code``; 0 if none."""
+    for start, end, line in code.co_lines():
+        if start <= offset < end:
+            return line if line is not None else code.co_firstlineno
+    return code.co_firstlineno
 
 
 class Registry:
     """Thread-safe record of threads and cells for one kernel."""
 
-    def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, *, clock: Callable[[], float] = time.time, keep_cells: Callable[[], Iterable[int]] | None = None
+    ) -> None:
         global _running
         if _running is None:
             _running = running_threads()  # None again where this Python has no such table
         self._clock = clock
+        #: Execution counts of cells that something outside the registry still refers to (child processes, stop
+        #: reports, callbacks): kept when old cells are forgotten.
+        self.keep_cells = keep_cells
         # Guards _threads, _by_ident, _cells, _current_cell, _failures and every record's mutable fields.
         self._lock = threading.RLock()
         self._threads: dict[str, ThreadRecord] = {}
@@ -183,7 +224,10 @@ class Registry:
         #: Threads started but not yet registered (see note_started); appended without the lock.
         self._pending: deque[PendingStart] = deque()
         #: Records by the cell that started them (keyed by the CellInfo's id), for per-cell hooks.
-        self._by_cell: dict[int, list[ThreadRecord]] = {}
+        self._by_cell: dict[int, dict[str, ThreadRecord]] = {}
+        #: Bumped whenever a record is added or pruned; keys the cached native-id -> name table.
+        self._version = 0
+        self._names: tuple[int, dict[int, str]] = (-1, {})
 
     # ----------------------------------------------------------------------------------------------- cells
     def cell_started(self, execution_count: int, cell_id: str | None, source: str) -> CellInfo:
@@ -209,7 +253,29 @@ class Registry:
             cell.ended_at = self._clock()
             cell.outcome = outcome
             cell.error = error
+            for record in self._by_cell.get(id(cell), {}).values():
+                record.row_dirty = True  # its cell number or outcome (a zombie reason) changed
+            if len(self._cells) > RECENT_CELLS + _CELL_SLACK:
+                self._forget_old_cells()
             return cell
+
+    def _forget_old_cells(self) -> None:
+        """Keep the recent cells, and the older ones something still refers to; forget the rest (under the lock)."""
+        counts = list(self._cells)  # in the order they started
+        keep = set(counts[-RECENT_CELLS:])
+        keep.update(r.cell.execution_count for r in self._threads.values() if r.cell is not None)
+        keep.update(entry[4].execution_count for entry in self._pending if entry[4] is not None)
+        if self._current_cell is not None:
+            keep.add(self._current_cell.execution_count)
+        if self.keep_cells is not None:
+            try:
+                keep.update(self.keep_cells())
+            except Exception:  # keep everything rather than forget what may be in use
+                log.warning("nbcoord: could not tell which cells are in use", exc_info=True)
+                return
+        for count in counts:
+            if count not in keep:
+                del self._cells[count]
 
     def current_cell(self) -> CellInfo | None:
         """The cell running now, if any."""
@@ -231,8 +297,6 @@ class Registry:
         parent: threading.Thread,
         frame: FrameType | None,
         owner: Owner | None = None,
-        *,
-        internal: bool = False,
     ) -> PendingStart:
         """The hot path of ``Thread.start``, called just before the thread runs: queue what only the starting
         moment knows; the record is made on the next read of the registry.
@@ -241,7 +305,7 @@ class Registry:
         whose thread has no ident yet (its start is still under way) waits for a later read. ``deque.append``
         needs no lock.
         """
-        entry = (thread, parent, creation_stack(frame), owner, internal, self._current_cell, self._clock())
+        entry = (thread, parent, creation_stack(frame), owner, self._current_cell, self._clock())
         self._pending.append(entry)
         return entry
 
@@ -253,54 +317,41 @@ class Registry:
     def _drain(self) -> None:
         if not self._pending:
             return
+        main = threading.main_thread()
         with self._lock:
             waiting: list[PendingStart] = []
             while self._pending:
                 entry = self._pending.popleft()
-                thread, parent, stack, owner, internal, cell, at = entry
-                if thread.ident is None:
+                if entry[0].ident is None:
                     waiting.append(entry)
                     continue
-                self._register(thread, parent, stack, owner, internal=internal, main_cell=cell, now=at)
+                self._register(entry, main)
             self._pending.extendleft(reversed(waiting))
 
-    def _register(
-        self,
-        thread: threading.Thread,
-        parent: threading.Thread,
-        stack: list[tuple[str, int, str]],
-        owner: Owner | None,
-        *,
-        internal: bool,
-        main_cell: CellInfo | None,
-        now: float,
-    ) -> ThreadRecord:
-        main = threading.main_thread()
-        with self._lock:
-            parent_record = self._own_record(parent)
-            cell: CellInfo | None
-            if parent_record is not None and parent_record.cell is not None:
-                cell = parent_record.cell
-            elif parent is main:
+    def _register(self, entry: PendingStart, main: threading.Thread) -> ThreadRecord:
+        """The record of a queued start (under the lock; paid once per thread, on the next read)."""
+        thread, parent, stack, owner, main_cell, now = entry
+        internal = thread.name.startswith(INTERNAL_PREFIX)  # nbcoord names its threads when it makes them
+        parent_record = self._own_record(parent)
+        cell: CellInfo | None
+        if parent_record is not None:
+            cell = parent_record.cell
+            if cell is None and parent is main:
                 cell = main_cell
-            else:
-                cell = None
-            record = self._new_record(
-                thread,
-                now,
-                cell=cell,
-                parent_name=parent.name,
-                parent_tid=parent_record.tid if parent_record is not None else None,
-                creation_stack=stack,
-                # Threads started by the kernel's own threads (or by nbcoord's) count as theirs, not the user's.
-                preexisting=parent_record is not None and parent_record.preexisting and parent is not main,
-                internal=internal or (parent_record is not None and parent_record.internal),
-                claimed=parent_record is not None and parent_record.claimed,
-            )
-            if owner is not None:
-                record.owners.append(owner)
-            self._add(record)
-            return record
+            preexisting = parent_record.preexisting and parent is not main
+            internal = internal or parent_record.internal
+            claimed = parent_record.claimed
+            parent_tid: str | None = parent_record.tid
+        else:
+            cell = main_cell if parent is main else None
+            preexisting = claimed = False
+            parent_tid = None
+        # Threads started by the kernel's own threads (or by nbcoord's) count as theirs, not the user's.
+        record = self._new_record(thread, now, cell, parent.name, parent_tid, stack, preexisting, internal, claimed)
+        if owner is not None:
+            record.owners.append(owner)
+        self._add(record)
+        return record
 
     def adopt_existing(self, *, internal: Callable[[threading.Thread], bool] = lambda _t: False) -> None:
         """Register threads that were running before the extension was loaded."""
@@ -308,40 +359,50 @@ class Registry:
         for thread in threading.enumerate():
             if thread.ident is None or thread.ident in self._by_ident:
                 continue
-            record = self._new_record(
-                thread,
-                now,
-                cell=None,
-                parent_name=None,
-                parent_tid=None,
-                creation_stack=[],
-                preexisting=True,
-                internal=internal(thread),
-            )
+            record = self._new_record(thread, now, None, None, None, [], True, internal(thread), False)
             with self._lock:
                 self._add(record)
 
-    def _new_record(self, thread: threading.Thread, now: float, **origin: Any) -> ThreadRecord:
-        """A record with a fresh id and what the Thread object itself says; ``origin`` says where it came from."""
-        return ThreadRecord(
-            tid=f"t{next(self._ids)}",
-            thread_ref=weakref.ref(thread),
-            name=thread.name,
-            ident=thread.ident,
-            native_id=thread.native_id,
-            daemon=thread.daemon,
-            started_at=now,
-            last_active=now,
-            **origin,
+    def _new_record(  # noqa: PLR0917 (positional on purpose: a keyword call costs twice as much, per thread)
+        self,
+        thread: threading.Thread,
+        now: float,
+        cell: CellInfo | None,
+        parent_name: str | None,
+        parent_tid: str | None,
+        stack: list[Any],
+        preexisting: bool,
+        internal: bool,
+        claimed: bool,
+    ) -> ThreadRecord:
+        """A record with a fresh id and what the Thread object itself says; the rest says where it came from."""
+        record = ThreadRecord(
+            f"t{next(self._ids)}",
+            weakref.ref(thread),
+            thread.name,
+            thread.ident,
+            thread.native_id,
+            thread.daemon,
+            now,
+            cell,
+            parent_name,
+            parent_tid,
+            stack,
+            preexisting,
+            internal,
+            claimed,
         )
+        record.last_active = now
+        return record
 
     def _add(self, record: ThreadRecord) -> None:
         # A finished thread's ident can be reused by the OS: the newer record wins.
+        self._version += 1
         self._threads[record.tid] = record
         if record.ident is not None:
             self._by_ident[record.ident] = record
         if record.cell is not None:
-            self._by_cell.setdefault(id(record.cell), []).append(record)
+            self._by_cell.setdefault(id(record.cell), {})[record.tid] = record
 
     def _own_record(self, thread: threading.Thread) -> ThreadRecord | None:
         """The record of exactly this thread: the OS reuses idents at once, so the ident alone is not enough."""
@@ -352,7 +413,7 @@ class Registry:
         """The live threads a cell started (directly or through its threads)."""
         self._drain()
         with self._lock:
-            return [record for record in self._by_cell.get(id(cell), []) if record.is_alive()]
+            return [record for record in self._by_cell.get(id(cell), {}).values() if record.is_alive()]
 
     def add_owner(self, thread: threading.Thread, owner: Owner, *, claim: bool = False) -> None:
         """Attach an owner to a registered thread (integrations call this).
@@ -365,8 +426,12 @@ class Registry:
         if record is not None:
             with self._lock:
                 record.owners.append(owner)
-                if claim and not record.internal:
+                if claim and not record.name.startswith(INTERNAL_PREFIX):
+                    # Work an integration vouches for; nbcoord's own threads stay internal, but a thread that
+                    # only inherited the flag (a runner restarted from the panel's thread) is the user's.
                     record.claimed = True
+                    record.internal = False
+                record.row_dirty = True
 
     def for_thread(self, thread: threading.Thread) -> ThreadRecord | None:
         """The record of a Thread object, if registered."""
@@ -392,40 +457,73 @@ class Registry:
         """Registered live threads, oldest first; finished ones are pruned."""
         with self._lock:
             self._drain()
-            self._prune(ThreadRecord.is_alive)
+            self._prune()
             records = list(self._threads.values())
-        return [record for record in records if include_internal or not record.internal]
+        return records if include_internal else [record for record in records if not record.internal]
 
-    def _prune(self, alive: Callable[[ThreadRecord], bool]) -> None:
-        for tid, record in list(self._threads.items()):
-            if not alive(record):
-                del self._threads[tid]
-                if record.ident is not None and self._by_ident.get(record.ident) is record:
-                    del self._by_ident[record.ident]
-                if record.cell is not None:
-                    siblings = self._by_cell.get(id(record.cell), [])
-                    if record in siblings:
-                        siblings.remove(record)
-                    if not siblings:
-                        self._by_cell.pop(id(record.cell), None)
+    def native_names(self) -> dict[int, str]:
+        """Native thread id -> Python thread name of every registered thread (nbcoord's included), for labelling
+        the OS's thread list. Rebuilt only when threads came or went; names are as the monitor last saw them."""
+        with self._lock:
+            self._drain()
+            version, names = self._names
+            if version != self._version:
+                names = {r.native_id: r.name for r in self._threads.values() if r.native_id is not None}
+                self._names = (self._version, names)
+            return names
+
+    def _prune(self) -> None:
+        """Forget finished threads (called under the lock, on every read: the liveness test is inlined)."""
+        table = _running
+        dead: list[ThreadRecord] = []
+        for record in self._threads.values():
+            thread = record.thread_ref()
+            if thread is None or record.ident is None:
+                dead.append(record)
+            elif table is not None:
+                if table.get(record.ident) is not thread:
+                    dead.append(record)
+            elif not thread.is_alive():
+                dead.append(record)
+        for record in dead:
+            self._version += 1
+            del self._threads[record.tid]
+            if record.ident is not None and self._by_ident.get(record.ident) is record:
+                del self._by_ident[record.ident]
+            if record.cell is not None:
+                siblings = self._by_cell.get(id(record.cell), {})
+                siblings.pop(record.tid, None)  # a dict: O(1) where a cell started thousands of threads
+                if not siblings:
+                    self._by_cell.pop(id(record.cell), None)
 
     # --------------------------------------------------------------------------------------------- zombies
+    def zombie_reasons(
+        self, record: ThreadRecord, grace_period: float, *, alive: bool | None = None
+    ) -> list[tuple[ZombieReason, float]]:
+        """Every reason a live thread of the user's counts as a zombie, with when it began, first cause first
+        (``alive``: if already known). Empty when it is not a zombie."""
+        if not record.user or not (record.is_alive() if alive is None else alive):
+            return []
+        reasons: list[tuple[ZombieReason, float]] = []
+        cell = record.cell
+        if cell is not None and cell.ended_at is not None and cell.outcome in ("interrupted", "error"):
+            reasons.append(("cell-interrupted" if cell.outcome == "interrupted" else "cell-error", cell.ended_at))
+        if record.owners and any(owner.closed() for owner in record.owners):
+            if record.owner_closed_at is None:
+                record.owner_closed_at = self._clock()  # first seen closed: an attribute store needs no lock
+            reasons.append(("owner-closed", record.owner_closed_at))
+        asked = record.stop_requested_at
+        if asked is not None and self._clock() - asked > grace_period:
+            reasons.append(("stop-ignored", asked))
+        reasons.sort(key=lambda reason: reason[1])
+        return reasons
+
     def zombie_reason(
         self, record: ThreadRecord, grace_period: float, *, alive: bool | None = None
     ) -> ZombieReason | None:
-        """Why a live thread counts as a zombie, or None when it does not (``alive``: if already known)."""
-        if not record.user or not (record.is_alive() if alive is None else alive):
-            return None
-        if record.stop_requested_at is not None and self._clock() - record.stop_requested_at > grace_period:
-            return "stop-ignored"
-        if any(owner.closed() for owner in record.owners):
-            return "owner-closed"
-        cell = record.cell
-        if cell is not None and cell.outcome == "interrupted":
-            return "cell-interrupted"
-        if cell is not None and cell.outcome == "error":
-            return "cell-error"
-        return None
+        """The first reason a live thread counts as a zombie, or None when it does not."""
+        reasons = self.zombie_reasons(record, grace_period, alive=alive)
+        return reasons[0][0] if reasons else None
 
     # -------------------------------------------------------------------------------------------- stopping
     def request_stop(self, records: Iterable[ThreadRecord]) -> None:
@@ -435,6 +533,7 @@ class Registry:
             for record in records:
                 if record.stop_requested_at is None:
                     record.stop_requested_at = now
+                    record.row_dirty = True
                 if record.stop_event is not None:
                     record.stop_event.set()
 
@@ -469,11 +568,13 @@ class Registry:
             message=str(exc)[:500],
             traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
             at=self._clock(),
+            notes=[str(note)[:500] for note in getattr(exc, "__notes__", None) or []][:5],
         )
         with self._lock:
             self._failures.append(failure)
             if record is not None:
                 record.last_exception = failure
+                record.row_dirty = True
         return failure
 
     def failures(self) -> list[ThreadFailure]:
@@ -491,21 +592,34 @@ class Registry:
 
     # -------------------------------------------------------------------------------------------- activity
     def sample_activity(self) -> None:
-        """Note which threads moved since the last sample (their innermost frame or line changed).
+        """Note which threads moved since the last sample (their innermost frame or line changed), and which
+        owners closed (the moment a thread became a zombie for that reason).
 
         Also forgets finished threads, so the registry stays small when no view asks for snapshots.
         """
+        # Only (code, line) of each thread: holding the frames themselves (through the lock, for the whole sample)
+        # would keep what they refer to alive and let it be finalized later, in another thread (Keras' enqueuer,
+        # whose __del__ then swallowed the main thread's KeyboardInterrupt).
         frames = sys._current_frames()
+        where = {ident: (id(frame.f_code), frame.f_lineno) for ident, frame in frames.items()}
+        del frames
         now = self._clock()
         with self._lock:
             self._drain()
-            self._prune(ThreadRecord.is_alive)
+            self._prune()
             for record in self._threads.values():
-                frame = frames.get(record.ident) if record.ident is not None else None
-                signature = (id(frame.f_code), frame.f_lineno) if frame is not None else None
+                thread = record.thread_ref()
+                if thread is not None and thread.name != record.name:
+                    record.name = thread.name
+                    record.row_dirty = True
+                    self._version += 1  # the name table is out of date
+                signature = where.get(record.ident) if record.ident is not None else None
                 if signature != record.activity_signature:
                     record.activity_signature = signature
                     record.last_active = now
+                    record.row_dirty = True
+                if record.owners and record.owner_closed_at is None and any(o.closed() for o in record.owners):
+                    record.owner_closed_at = now  # when it became a zombie for this reason, to the sample
 
     def note_cpu(self, cpu_by_native_id: dict[int, float]) -> None:
         """Record threads' CPU times (by native id); a change counts as activity."""
@@ -517,4 +631,6 @@ class Registry:
                     continue
                 if record.cpu_s is not None and cpu_s > record.cpu_s + 1e-3:
                     record.last_active = now
-                record.cpu_s = cpu_s
+                if cpu_s != record.cpu_s:
+                    record.cpu_s = cpu_s
+                    record.row_dirty = True

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from itertools import groupby
 from typing import Any
 
@@ -12,12 +12,23 @@ from ._probes import format_bytes
 from ._snapshot import Snapshot, ThreadRow
 from ._stop import StopReport
 
-ZOMBIE_WORDS = {
-    "cell-interrupted": "its cell was interrupted",
-    "cell-error": "its cell raised an error",
-    "stop-ignored": "a stop was requested and the grace period passed",
-    "owner-closed": "its owner is closed or shut down",
-}
+
+def zombie_text(reasons: Iterable[Mapping[str, Any]], cell: int | None, now: float) -> str:
+    """A zombie's reasons, first cause first: ``cell [3] interrupted; ignored a stop 4 s ago``."""
+    words: list[str] = []
+    for reason in reasons:
+        kind = reason["reason"]
+        if kind == "cell-interrupted":
+            words.append(f"cell [{cell}] interrupted")
+        elif kind == "cell-error":
+            words.append(f"cell [{cell}] failed")
+        elif kind == "owner-closed":
+            words.append("its owner is closed")
+        elif kind == "stop-ignored":
+            words.append(f"ignored a stop {max(0.0, now - float(reason['since'])):.0f} s ago")
+        else:
+            words.append(str(kind))
+    return "; ".join(words)
 
 
 def _owners(row: ThreadRow) -> str:
@@ -28,7 +39,7 @@ def thread_line(row: ThreadRow, now: float, *, stacks: bool = False) -> str:
     """One thread as one line (plus its stack when asked)."""
     parts = [f"{row['tid']:>5}  {row['name']!s}", row["state"]]
     if row["zombie"]:
-        parts.append(f"ZOMBIE: {ZOMBIE_WORDS.get(row['zombie'], row['zombie'])}")
+        parts.append(f"ZOMBIE: {zombie_text(row['zombie_reasons'], row['cell'], now)}")
     parts.append("daemon" if row["daemon"] else "non-daemon")
     if not row["user"]:
         parts.append("not the user's: never stopped")
@@ -80,8 +91,16 @@ def threads_section(snapshot: Snapshot, rows: Iterable[ThreadRow], *, stacks: bo
     return lines
 
 
-def report(snapshot: Snapshot, *, show_all: bool = False, stacks: bool = False, limit: int = 200) -> str:
-    """The full text report: summary, zombies and threads by cell, queues, blocked runs, failures, memory."""
+def report(
+    snapshot: Snapshot,
+    *,
+    show_all: bool = False,
+    stacks: bool = False,
+    limit: int = 200,
+    degraded: Mapping[str, str] | None = None,
+) -> str:
+    """The full text report: summary, zombies and threads by cell, queues, blocked runs, failures, memory, and
+    what works differently here (``degraded``: internal -> what nbcoord does instead)."""
     threads = [r for r in snapshot["threads"] if show_all or r["user"]]
     lines = [summary_line(snapshot)]
     if threads:
@@ -94,6 +113,7 @@ def report(snapshot: Snapshot, *, show_all: bool = False, stacks: bool = False, 
     lines += resources_section(snapshot)
     if snapshot["last_stop"]:
         lines.append("Last stop: " + stop_summary(snapshot["last_stop"]))
+    lines += degraded_section(degraded or {})
     return "\n".join(lines)
 
 
@@ -127,20 +147,38 @@ def queues_section(snapshot: Snapshot) -> list[str]:
         cap = "unbounded" if capacity in (None, -1) else str(capacity)
         size = q.get("size")
         state = "closed" if q.get("closed") else "open"
+        if q.get("mode") == "eager":
+            state += ", eager"
         rates = ""
         if q.get("enqueue_rate") is not None:
             rates = f", in {q['enqueue_rate']:.1f}/s, out {q.get('dequeue_rate') or 0:.1f}/s"
         session = f", session {q['session']}" if q.get("session") else ""
         runners = q.get("runners")
         feeders = f", {runners} runner{'s' if runners != 1 else ''}" if runners is not None else ""
+        if q.get("stuck_runners"):
+            feeders += f", {q['stuck_runners']} stuck"
         filled = f"{size if size is not None else '?'} of {cap}"
         lines.append(f"  {q.get('name')}: {filled} ({state}{rates}{feeders}{session})")
     return lines
 
 
 def blocked_section(snapshot: Snapshot) -> list[str]:
-    """Blocked session runs as sentences."""
-    return [f"Blocked: {b['text']}" for b in snapshot["blocked_runs"] if b.get("text")]
+    """Blocked session runs as sentences, then stuck queue-runner threads (with how to restart them)."""
+    lines = [f"Blocked: {b['text']}" for b in snapshot["blocked_runs"] if b.get("text")]
+    for session in snapshot["sessions"]:
+        stuck = [row for row in session.get("runners") or [] if row.get("stuck") and row.get("text")]
+        lines += [f"Stuck: {row['text']}" for row in stuck]
+        if stuck and session.get("restartable"):
+            sid = session.get("id")
+            lines.append(f"  restart the runners of session {sid} with: %nbcoord restart {sid}")
+    return lines
+
+
+def degraded_section(degraded: Mapping[str, str]) -> list[str]:
+    """What nbcoord does differently here because an internal it relies on is missing (one line each)."""
+    if not degraded:
+        return []
+    return ["Degraded here:"] + [f"  {name}: {fallback}" for name, fallback in sorted(degraded.items())]
 
 
 def failures_section(snapshot: Snapshot) -> list[str]:
@@ -151,11 +189,13 @@ def failures_section(snapshot: Snapshot) -> list[str]:
     for f in snapshot["failures"][-10:]:
         where = f" (cell [{f['cell']}])" if f["cell"] is not None else ""
         lines.append(f"  {f['thread_name']}{where}: {f['exc_type']}: {f['message']}")
+        lines += [f"    {note}" for note in f.get("notes", [])[:1]]
     return lines
 
 
-def resources_section(snapshot: Snapshot) -> list[str]:
-    """Memory in one or two lines (filled by the resource probe)."""
+def resources_section(snapshot: Snapshot, *, details: bool = False) -> list[str]:
+    """Memory in one or two lines (filled by the resource probe); with ``details`` (``%nbcoord mem``), native
+    threads with their CPU time and child processes with the cell that started them."""
     res = snapshot["resources"]
     if not res:
         return []
@@ -173,6 +213,34 @@ def resources_section(snapshot: Snapshot) -> list[str]:
             )
     elif gpu:
         lines.append(f"GPU: {gpu.get('reason') or 'not available'}")
+    if details:
+        lines += _native_threads_lines(res.get("native_threads") or [])
+        lines += _children_lines(res.get("children") or [])
+    return lines
+
+
+def _native_threads_lines(threads: list[dict[str, Any]], top: int = 20) -> list[str]:
+    python = sum(1 for t in threads if t.get("python_name") is not None)
+    lines = [f"Native threads: {len(threads)} ({python} Python, {len(threads) - python} others); by CPU time:"]
+    for thread in sorted(threads, key=lambda t: -float(t.get("cpu_s") or 0.0))[:top]:
+        name = thread.get("python_name") or thread.get("name") or "?"
+        kind = "" if thread.get("python_name") is not None else " (native)"
+        lines.append(f"  {thread.get('native_id')}  {name}{kind}: cpu {float(thread.get('cpu_s') or 0):.2f} s")
+    if len(threads) > top:
+        lines.append(f"  ... and {len(threads) - top} more (%nbcoord json has them all)")
+    return lines
+
+
+def _children_lines(children: list[dict[str, Any]]) -> list[str]:
+    if not children:
+        return ["Child processes: none"]
+    lines = [f"Child processes: {len(children)}"]
+    for child in children:
+        cell = f"cell [{child['cell']}]" if child.get("cell") is not None else "not started by a cell"
+        lines.append(
+            f"  {child.get('pid')}  {child.get('status')}  {format_bytes(child.get('rss'))}  {cell}: "
+            f"{child.get('cmdline')}"
+        )
     return lines
 
 

@@ -37,6 +37,11 @@ class OwnerRow(TypedDict):
     closed: bool
 
 
+class ZombieReasonRow(TypedDict):
+    reason: str  # cell-interrupted, cell-error, owner-closed, stop-ignored
+    since: float  # when it began (time.time())
+
+
 class ThreadRow(TypedDict):
     tid: str
     name: str
@@ -51,7 +56,8 @@ class ThreadRow(TypedDict):
     preexisting: bool
     user: bool  # started by a cell (or claimed by an integration): the only threads a stop ever touches
     state: str
-    zombie: str | None
+    zombie: str | None  # the first reason, or None
+    zombie_reasons: list[ZombieReasonRow]  # every reason, first cause first
     stop_requested_at: float | None
     last_active: float
     cpu_s: float | None
@@ -68,6 +74,7 @@ class FailureRow(TypedDict):
     message: str
     traceback: str
     at: float
+    notes: list[str]  # what an integration added to explain the error (PEP 678 notes)
 
 
 class Snapshot(TypedDict):
@@ -94,8 +101,10 @@ _LIST_SECTIONS = ("queues", "blocked_runs", "sessions")
 
 
 def cell_row(cell: CellInfo) -> CellRow:
-    """A cell as a row."""
-    return CellRow(
+    """A cell as a row (a finished cell's row is made once and copied)."""
+    if cell.row_cache is not None:
+        return cell.row_cache.copy()  # type: ignore[return-value]
+    row = CellRow(
         execution_count=cell.execution_count,
         cell_id=cell.cell_id,
         first_line=cell.first_line,
@@ -104,6 +113,9 @@ def cell_row(cell: CellInfo) -> CellRow:
         outcome=cell.outcome,
         error=cell.error,
     )
+    if cell.ended_at is not None:
+        cell.row_cache = dict(row)
+    return row
 
 
 def failure_row(failure: ThreadFailure) -> FailureRow:
@@ -116,20 +128,36 @@ def failure_row(failure: ThreadFailure) -> FailureRow:
         message=failure.message,
         traceback=failure.traceback,
         at=failure.at,
+        notes=list(failure.notes),
     )
 
 
-def format_stack(frame: Any, limit: int = 30) -> list[str]:
-    """A live thread's stack, innermost last, as ``file:line in function`` lines (no source lookups)."""
+#: A source file's name -> the execution count of the cell whose code it holds (IPython compiles each cell from a
+#: file of its own, ``ipykernel_<pid>/<hash>.py``), or None for any other file.
+CellOfFile = Callable[[str], "int | None"]
+
+
+def code_location(filename: str, line: int, function: str, cell_of: CellOfFile | None = None) -> str:
+    """``cell [3], line 4 in work`` for a cell's code, ``file:line in function`` for any other."""
+    cell = cell_of(filename) if cell_of is not None else None
+    if cell is not None:
+        return f"cell [{cell}], line {line} in {function}"
+    return f"{filename}:{line} in {function}"
+
+
+def format_stack(frame: Any, limit: int = 30, cell_of: CellOfFile | None = None) -> list[str]:
+    """A live thread's stack, innermost last, one location per line (no source lookups)."""
     lines: list[str] = []
     while frame is not None and len(lines) < limit:
         code = frame.f_code
-        lines.append(f"{code.co_filename}:{frame.f_lineno} in {code.co_name}")
+        lines.append(code_location(code.co_filename, frame.f_lineno, code.co_name, cell_of))
         frame = frame.f_back
     lines.reverse()
     return lines
 
 
+#: Cell outcomes that make the threads the cell left running zombies.
+_FAILED = frozenset({"interrupted", "error"})
 #: Innermost function names that mean a thread is waiting rather than working.
 _WAITING = frozenset({"wait", "_wait_for_tstate_lock", "get", "acquire", "sleep", "select", "poll", "recv"})
 
@@ -145,36 +173,86 @@ def thread_state(record: ThreadRecord, frame: Any) -> str:
     return "running"
 
 
-def creation_lines(record: ThreadRecord) -> list[str]:
-    """The record's creation stack as ``file:line in function`` lines, formatted once."""
+def creation_lines(record: ThreadRecord, cell_of: CellOfFile | None = None) -> list[str]:
+    """The record's creation stack as locations, formatted once."""
     if record.creation_lines is None:
-        record.creation_lines = [f"{file}:{line} in {function}" for file, line, function in record.creation_stack]
+        record.creation_lines = [code_location(*entry, cell_of) for entry in record.creation_frames()]
     return record.creation_lines
 
 
 class SnapshotBuilder:
     """Builds snapshots from the registry and the registered sources."""
 
-    def __init__(self, registry: Registry, grace_period: Callable[[], float]) -> None:
+    def __init__(
+        self, registry: Registry, grace_period: Callable[[], float], cell_of: CellOfFile | None = None
+    ) -> None:
         self._registry = registry
         self._grace_period = grace_period
+        self.cell_of = cell_of
         self._sources: Callbacks[Source] = Callbacks()
         self.last_stop: dict[str, Any] | None = None
+        #: The last restart of a TensorFlow session's runners (for the panel), if any.
+        self.last_restart: dict[str, Any] | None = None
 
     def add_source(self, name: str, source: Source) -> Callable[[], None]:
         """Register a source of snapshot sections; returns the function that removes it."""
         return self._sources.add(name, source)
 
-    def thread_row(self, record: ThreadRecord, frame: Any, *, stacks: bool, grace: float) -> ThreadRow:
-        """One registered thread as a row; ``frame`` is its current frame (None: not running)."""
-        thread = record.thread
-        alive = record.is_alive()
+    def thread_row(
+        self,
+        record: ThreadRecord,
+        frame: Any,
+        *,
+        stacks: bool,
+        grace: float,
+        alive: bool | None = None,
+        innermost: str | None = None,
+    ) -> ThreadRow:
+        """One registered thread as a row; ``frame`` is its current frame (None: not running; needed only with
+        ``stacks`` when ``innermost``, the name of its innermost function, is given); ``alive``: if known.
+
+        Built for every thread on every snapshot, so the common case costs a copy: the record keeps its last row,
+        and the registry marks it dirty whenever a field the row shows changes. What the registry cannot see
+        change is checked here every time: the state (from the frame), and, for threads with owners or a stop
+        request, the zombie reasons (an owner closes, a grace period runs out).
+        """
+        if alive is None:
+            alive = record.is_alive()
+        if innermost is None and frame is not None:
+            innermost = frame.f_code.co_name
+        if innermost is None:
+            state = "finished"
+        elif record.stop_requested_at is not None:
+            state = "stopping"
+        else:
+            state = "waiting" if innermost in _WAITING else "running"
+        cached = record.row_cache
+        if (
+            cached is not None
+            and not record.row_dirty
+            and cached["state"] == state
+            and cached["alive"] == alive
+            and not record.owners
+            and record.stop_requested_at is None
+            and not stacks
+        ):
+            row: ThreadRow = cached.copy()  # type: ignore[assignment]
+            return row
+        record.row_dirty = False  # before reading: a write from now on marks it dirty again
         cell = record.cell
         failure = record.last_exception
-        # A dict literal, not ThreadRow(...): a keyword call costs twice as much, a thousand times a snapshot.
-        row: ThreadRow = {
+        owners = record.owners
+        user = not record.internal and (cell is not None or record.claimed)
+        reasons: list[ZombieReasonRow] = []
+        if user and (owners or record.stop_requested_at is not None or (cell is not None and cell.outcome in _FAILED)):
+            reasons = [
+                {"reason": reason, "since": since}
+                for reason, since in self._registry.zombie_reasons(record, grace, alive=alive)
+            ]
+        # A dict literal, not ThreadRow(...): a keyword call costs twice as much.
+        row = {
             "tid": record.tid,
-            "name": thread.name if thread is not None else record.name,
+            "name": record.name,  # the monitor refreshes it from the Thread every second
             "ident": record.ident,
             "native_id": record.native_id,
             "daemon": record.daemon,
@@ -182,29 +260,46 @@ class SnapshotBuilder:
             "started_at": record.started_at,
             "cell": cell.execution_count if cell is not None else None,
             "parent": record.parent_name,
-            "owners": [{"kind": o.kind, "label": o.label, "closed": o.closed()} for o in record.owners],
+            "owners": [{"kind": o.kind, "label": o.label, "closed": o.closed()} for o in owners] if owners else [],
             "preexisting": record.preexisting,
-            "user": record.user,
-            "state": thread_state(record, frame),
-            "zombie": self._registry.zombie_reason(record, grace, alive=alive),
+            "user": user,
+            "state": state,
+            "zombie": reasons[0]["reason"] if reasons else None,
+            "zombie_reasons": reasons,
             "stop_requested_at": record.stop_requested_at,
             "last_active": record.last_active,
             "cpu_s": record.cpu_s,
-            "creation_stack": creation_lines(record),
-            "stack": format_stack(frame) if stacks and frame is not None else None,
+            "creation_stack": creation_lines(record, self.cell_of),
+            "stack": format_stack(frame, cell_of=self.cell_of) if stacks and frame is not None else None,
             "last_exception": f"{failure.exc_type}: {failure.message}" if failure is not None else None,
         }
+        if not stacks:
+            record.row_cache = row.copy()  # type: ignore[assignment]
         return row
 
     def build(self, *, stacks: bool = False, include_internal: bool = False) -> Snapshot:
         """Take one snapshot. ``stacks`` adds every thread's current stack (slower)."""
         frames = sys._current_frames()
+        # The innermost function of each thread, and the frames only while stacks are formatted: frames held
+        # longer keep what they refer to alive, to be finalized later in this thread (see Registry.sample_activity).
+        innermost = {ident: frame.f_code.co_name for ident, frame in frames.items()}
+        if not stacks:
+            frames.clear()
         records = self._registry.records(include_internal=include_internal)
         grace = self._grace_period()
+        # records() has just pruned the finished: every one is alive.
         threads = [
-            self.thread_row(r, frames.get(r.ident) if r.ident is not None else None, stacks=stacks, grace=grace)
+            self.thread_row(
+                r,
+                frames.get(r.ident) if r.ident is not None else None,
+                stacks=stacks,
+                grace=grace,
+                alive=True,
+                innermost=innermost.get(r.ident) if r.ident is not None else None,
+            )
             for r in records
         ]
+        frames.clear()
         snapshot = Snapshot(
             schema=SCHEMA_VERSION,
             taken_at=time.time(),

@@ -39,11 +39,12 @@ from . import _fork
 from ._callbacks import Callbacks
 from ._internals import raise_in_thread
 from ._registry import Registry, ThreadRecord
-from ._snapshot import format_stack
+from ._snapshot import CellOfFile, format_stack
 
 log = logging.getLogger("nbcoord")
 
-ScopeKind = Literal["all", "cell", "thread", "zombies"]
+#: What a stop concerns. "threads" (a set of thread ids) is for integrations (a session's runners), not the UI.
+ScopeKind = Literal["all", "cell", "thread", "threads", "zombies"]
 #: Part of the grace period spent waiting before a forced stop is tried.
 FORCE_AT = 0.7
 #: How long an idle join poll sleeps; short so that a stop that finishes early returns early.
@@ -115,6 +116,7 @@ class StopRequest:
     cell: int | None = None
     tid: str | None = None
     force: bool = False
+    tids: tuple[str, ...] = ()
 
 
 @dataclass(eq=False)
@@ -145,9 +147,12 @@ def _empty_report(request: StopRequest, grace: float, error: str) -> StopReport:
 class StopMechanism:
     """Runs stops, one at a time; see the module docstring."""
 
-    def __init__(self, registry: Registry, find_children: ChildFinder | None = None) -> None:
+    def __init__(
+        self, registry: Registry, find_children: ChildFinder | None = None, cell_of: CellOfFile | None = None
+    ) -> None:
         self._registry = registry
         self._find_children = find_children
+        self._cell_of = cell_of
         self._stoppers: Callbacks[Stopper] = Callbacks()
         self._lock = threading.Lock()  # guards _running
         self._running: _Running | None = None
@@ -165,13 +170,18 @@ class StopMechanism:
         return running.request if running is not None else None
 
     # ------------------------------------------------------------------------------------------- scope
-    def select(self, kind: ScopeKind, *, cell: int | None, tid: str | None, grace: float) -> list[ThreadRecord]:
+    def select(
+        self, kind: ScopeKind, *, cell: int | None, tid: str | None, grace: float, tids: tuple[str, ...] = ()
+    ) -> list[ThreadRecord]:
         """The live threads of the user a stop of this scope concerns (never the caller or the main thread)."""
         me = threading.current_thread()
         main = threading.main_thread()
         candidates = [r for r in self._registry.records() if r.user and r.thread is not me and r.thread is not main]
         if kind == "thread":
             return [r for r in candidates if r.tid == tid]
+        if kind == "threads":
+            wanted = set(tids)
+            return [r for r in candidates if r.tid in wanted]
         if kind == "cell":
             return [r for r in candidates if r.cell is not None and r.cell.execution_count == cell]
         if kind == "zombies":
@@ -189,6 +199,7 @@ class StopMechanism:
         tid: str | None = None,
         force_after: float | None = None,
         daemon_grace: float | None = None,
+        tids: tuple[str, ...] = (),
     ) -> StopReport:
         """Stop the threads (and child processes) in scope within ``grace`` seconds; never raises.
 
@@ -198,14 +209,14 @@ class StopMechanism:
         """
         started = time.monotonic()
         deadline = started + grace
-        request = StopRequest(kind, cell, tid, force)
+        request = StopRequest(kind, cell, tid, force, tuple(tids))
         if _fork.forked or os.getpid() != self._pid:
             return _empty_report(request, grace, "not run: this is a forked child, where nbcoord does nothing")
         mine = self._claim_or_join(request, deadline, grace)
         if not isinstance(mine, _Running):
             return mine
         try:
-            records = self.select(kind, cell=cell, tid=tid, grace=grace)
+            records = self.select(kind, cell=cell, tid=tid, grace=grace, tids=tuple(tids))
             scope = StopScope(kind, records, cell, deadline)
             force_at = started + (grace * FORCE_AT if force_after is None else min(force_after, grace))
             daemon_deadline = None if daemon_grace is None else min(deadline, time.monotonic() + daemon_grace)
@@ -267,7 +278,7 @@ class StopMechanism:
         terminated = _signal_children(children, kill=False)
         forced = _join_all(scope.records, scope.deadline, force_at, daemon_deadline)
         child_outcome = _finish_children(children, terminated, scope.deadline)
-        stopped, alive = _outcomes(scope.records, forced)
+        stopped, alive = _outcomes(scope.records, forced, self._cell_of)
         report = StopReport(
             scope=scope.kind,
             cell=scope.cell,
@@ -349,7 +360,9 @@ def _force(records: list[ThreadRecord]) -> set[str]:
     return forced
 
 
-def _outcomes(records: list[ThreadRecord], forced: set[str]) -> tuple[list[ThreadOutcome], list[ThreadOutcome]]:
+def _outcomes(
+    records: list[ThreadRecord], forced: set[str], cell_of: CellOfFile | None = None
+) -> tuple[list[ThreadOutcome], list[ThreadOutcome]]:
     frames = sys._current_frames()
     stopped: list[ThreadOutcome] = []
     alive: list[ThreadOutcome] = []
@@ -360,7 +373,7 @@ def _outcomes(records: list[ThreadRecord], forced: set[str]) -> tuple[list[Threa
             stopped.append(ThreadOutcome(tid=record.tid, name=record.name, cell=cell, reason=reason, stack=None))
             continue
         frame = frames.get(record.ident) if record.ident is not None else None
-        stack = format_stack(frame) if frame is not None else None
+        stack = format_stack(frame, cell_of=cell_of) if frame is not None else None
         where = f" at {stack[-1]}" if stack else ""
         if record.tid in forced:
             reason = f"unstoppable: blocked in a C call{where}; an exception was raised in it but cannot arrive"

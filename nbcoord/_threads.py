@@ -17,12 +17,11 @@ from typing import Any
 
 from ._callbacks import Callbacks
 from ._internals import executor_spawn_code
-from ._registry import Owner, Registry
+from ._registry import INTERNAL_PREFIX, Owner, Registry
+
+__all__ = ["INTERNAL_PREFIX", "Monitor", "ThreadHooks", "executor_owner", "owner_from_caller"]
 
 log = logging.getLogger("nbcoord")
-
-#: Prefix of every thread nbcoord itself starts; they are internal and never shown or stopped as user threads.
-INTERNAL_PREFIX = "nbcoord-"
 
 #: The code of the executor method that starts worker threads (looked up at install; None: not recognised).
 _executor_spawn: CodeType | None = None
@@ -87,12 +86,9 @@ class ThreadHooks:
             if hooks._active:
                 try:
                     caller = sys._getframe(1)
+                    executor = _executor_spawn is not None and caller.f_code is _executor_spawn
                     entry = registry.note_started(
-                        thread,
-                        threading.current_thread(),
-                        caller,
-                        owner_from_caller(caller),
-                        internal=thread.name.startswith(INTERNAL_PREFIX),
+                        thread, threading.current_thread(), caller, owner_from_caller(caller) if executor else None
                     )
                 except Exception:  # registration must never break the user's thread start
                     log.warning("nbcoord: could not register thread %r", thread.name, exc_info=True)
@@ -112,7 +108,12 @@ class ThreadHooks:
                 try:
                     if hooks._ignore_exception(args.exc_value):
                         return None
-                    registry.thread_failed(args.thread, args.exc_value)
+                    failure = registry.thread_failed(args.thread, args.exc_value)
+                    record = registry.get(failure.tid) if failure.tid is not None else None
+                    if record is not None and record.user and previous_hook is threading.__excepthook__:
+                        # The user's thread: nbcoord keeps the traceback and reports it once, in the next cell.
+                        # Python's default hook would print it into whichever cell runs now.
+                        return None
                 except Exception:
                     log.warning("nbcoord: could not record a thread failure", exc_info=True)
             return previous_hook(args)

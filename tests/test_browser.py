@@ -4,12 +4,14 @@ Each test opens a fresh notebook on the session's one server (tests/browser_supp
 one (``notebook:run-cell`` on a pinned cell index, after the kernel-ready wait of BROWSER-TESTING.md), and
 checks: the panel renders and updates live; a thread started by a later cell appears; a thread named
 ``<img src=x onerror=alert(1)>`` shows as those characters and no dialog opens; Stop all clicked while a cell
-sleeps stops the threads, and the panel says so while the cell is still running. The JupyterLab test also
-writes the screenshot the README shows (docs/panel.png).
+sleeps stops the threads, and the panel says so while the cell is still running. The JupyterLab test also takes
+the screenshot the README shows: into test-artifacts/, or over docs/panel.png when ``NBCOORD_UPDATE_SCREENSHOT=1``
+(a test run leaves tracked files as they were).
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +24,12 @@ from helpers import wait_until
 pytestmark = pytest.mark.browser
 
 REPO = Path(__file__).resolve().parents[1]
-SCREENSHOT = REPO / "docs" / "panel.png"
+#: Where the screenshot goes: the README's picture only when asked for.
+SCREENSHOT = (
+    REPO / "docs" / "panel.png"
+    if os.environ.get("NBCOORD_UPDATE_SCREENSHOT") == "1"
+    else REPO / "test-artifacts" / "panel.png"
+)
 HOSTILE = "<img src=x onerror=alert(1)>"
 
 SETUP = """%load_ext nbcoord

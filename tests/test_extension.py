@@ -279,11 +279,11 @@ def test_report_and_thread_listings(loaded: Any) -> None:
 def test_zombies_after_an_error_cell(loaded: Any) -> None:
     cell = run(loaded, START_WORKER + "\nraise ValueError('broken cell')")
     assert not cell.result.success
-    assert cell.stderr.count("zombie thread(s)") == 1
-    assert "nbcoord: this cell left 1 zombie thread(s) running (its cell raised an error): magic-worker." in cell.stderr
+    assert cell.stderr.count("nbcoord:") == 1  # one message for the event
+    assert f"nbcoord: cell [{cell.count}] failed and left 1 thread(s) running: magic-worker." in cell.stderr
     zombies = magic(loaded, "zombies")
     assert zombies.startswith("nbcoord: 1 zombie thread(s)")
-    assert f"Cell [{cell.count}] (error)" in zombies and "ZOMBIE: its cell raised an error" in zombies
+    assert f"Cell [{cell.count}] (error)" in zombies and f"ZOMBIE: cell [{cell.count}] failed" in zombies
     assert "%nbcoord stop --zombies" in zombies
     clean = ok(loaded, "x = 1")
     assert "zombie" not in clean.text  # only the cell that left them says so
@@ -332,9 +332,12 @@ def test_every_command_is_reachable(loaded: Any) -> None:
     ("line", "message"),
     [
         ("bogus", "Unknown command 'bogus'; use one of: report, threads"),
-        ("stop --grace -1", "--grace takes a number of seconds >= 0."),
-        ("stop --cell 1 --thread t1", "Choose one of --cell, --thread and --zombies."),
-        ("stop --cell 1 --zombies", "Choose one of --cell, --thread and --zombies."),
+        ("stop --grace -1", "grace must be between 0 and 86400 seconds, not -1.0."),
+        ("stop --grace nan", "grace must be a finite number of seconds, not nan."),
+        ("stop --grace inf", "grace must be a finite number of seconds, not inf."),
+        ("stop --cell 1 --thread t1", "Choose one scope: cell, thread or zombies (got cell and thread)."),
+        ("stop --cell 1 --zombies", "Choose one scope: cell, thread or zombies (got cell and zombies)."),
+        ("stop --cell 999", "No cell [999] is known: nbcoord keeps the cells run since it was loaded"),
         ("threads --force", "--force only goes with %nbcoord stop."),
         ("zombies --grace 2", "--grace only goes with %nbcoord stop."),
         ("config bad=1", "Unknown setting 'bad'; settings are: "),
@@ -354,10 +357,117 @@ def test_wrong_arguments_raise_one_clear_sentence(loaded: Any, line: str, messag
     assert "\n" not in text and ". " not in text.rstrip(".")  # one sentence
 
 
-@pytest.mark.parametrize("line", ["config grace_period=-1", "config monitor_interval=0"])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "config grace_period=-1",
+        "config monitor_interval=0",
+        "config panel_interval=nan",
+        "config panel_interval=inf",
+        "config shutdown_budget=nan",
+        "config grace_period=nan",
+        "config shutdown_force_after=-inf",
+        "config max_report_threads=0",
+    ],
+)
 def test_out_of_range_setting_is_a_usage_error(loaded: Any, line: str) -> None:
+    before = {name: getattr(extension().config, name) for name in ("grace_period", "panel_interval")}
     with pytest.raises(UsageError):
         magic(loaded, line)
+    assert {name: getattr(extension().config, name) for name in before} == before
+
+
+def test_a_profile_cannot_set_a_non_finite_number(shell: Any) -> None:
+    from traitlets import TraitError
+
+    from nbcoord._config import NBCoord
+
+    with pytest.raises(TraitError, match="finite"):
+        NBCoord(grace_period=float("nan"))
+    with pytest.raises(TraitError, match="finite"):
+        NBCoord(panel_interval=float("inf"))
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        ("nbcoord.stop_all(cell=999)", ValueError, "No cell [999] is known"),
+        ("nbcoord.stop_all(thread='nosuch')", ValueError, "No live thread has the id 'nosuch'"),
+        ("nbcoord.stop_all(thread='')", ValueError, "No live thread has the id ''"),
+        ("nbcoord.stop_all(grace=-1)", ValueError, "grace must be between 0 and 86400 seconds"),
+        ("nbcoord.stop_all(grace=float('inf'))", ValueError, "grace must be a finite number of seconds"),
+        ("nbcoord.stop_all(grace=float('nan'))", ValueError, "grace must be a finite number of seconds"),
+        ("nbcoord.stop_all(grace='1')", TypeError, "grace must be a number of seconds"),
+        ("nbcoord.stop_all(cell=1, thread='t3')", ValueError, "Choose one scope: cell, thread or zombies"),
+        ("nbcoord.stop_all(cell=1, zombies=True)", ValueError, "Choose one scope: cell, thread or zombies"),
+        ("nbcoord.stop_all(cell='x')", TypeError, "cell must be a cell's execution count"),
+        ("nbcoord.stop_all(cell=True)", TypeError, "cell must be a cell's execution count"),
+        ("nbcoord.stop_all(thread=5)", TypeError, "thread must be a thread id"),
+        ("nbcoord.stop_all(force='no')", TypeError, "force must be True or False"),
+        ("nbcoord.stop_all(zombies=1)", TypeError, "zombies must be True or False"),
+        ("nbcoord.on_stop(None)", TypeError, "on_stop takes a callable, not None"),
+        ("nbcoord.wait_for_stop()", RuntimeError, "wait_for_stop() without a timeout would wait forever"),
+        ("nbcoord.wait_for_stop(-1)", ValueError, "timeout must be between 0 and 86400 seconds"),
+        ("nbcoord.wait_for_stop(float('nan'))", ValueError, "timeout must be a finite number"),
+    ],
+)
+def test_bad_api_arguments_raise_before_anything_runs(loaded: Any, call: str, error: type, message: str) -> None:
+    import nbcoord as api
+
+    stops: list[Any] = []
+    extension().stopper.on_report = stops.append
+    with pytest.raises(error) as caught:
+        eval(call, {"nbcoord": api})
+    assert str(caught.value).startswith(message), str(caught.value)
+    assert stops == [], "a stop ran anyway"
+
+
+def _on_stop_cells(shell: Any) -> tuple[int, int]:
+    first = ok(
+        shell,
+        "import nbcoord\nran = []\nremove_a = nbcoord.on_stop(lambda: ran.append('a'))",
+    )
+    second = ok(shell, "remove_b = nbcoord.on_stop(lambda: ran.append('b'))")
+    return first.count, second.count
+
+
+@pytest.mark.parametrize("scope", ["all", "cell-a", "cell-b", "thread", "zombies"])
+def test_on_stop_runs_for_everything_and_its_own_cell_only(loaded: Any, scope: str) -> None:
+    cell_a, cell_b = _on_stop_cells(loaded)
+    ok(
+        loaded,
+        "import threading\n"
+        "def coop():\n"
+        "    while not nbcoord.should_stop():\n"
+        "        threading.Event().wait(0.01)\n"
+        "worker = threading.Thread(target=coop, name='scope-worker')\n"
+        "worker.start()",
+    )
+    tid = next(r["tid"] for r in nbcoord.snapshot()["threads"] if r["name"] == "scope-worker")
+    arguments = {
+        "all": {},
+        "cell-a": {"cell": cell_a},  # no live thread of its own: its callback still runs
+        "cell-b": {"cell": cell_b},
+        "thread": {"thread": tid},
+        "zombies": {"zombies": True},
+    }[scope]
+    nbcoord.stop_all(grace=5, **arguments)  # type: ignore[arg-type]
+    expected = {"all": ["a", "b"], "cell-a": ["a"], "cell-b": ["b"], "thread": [], "zombies": []}[scope]
+    assert loaded.user_ns["ran"] == expected
+    nbcoord.stop_all(grace=5)
+    loaded.user_ns["remove_a"]()
+    loaded.user_ns["remove_b"]()
+
+
+def test_on_stop_of_a_failed_cell_runs_for_the_zombies(loaded: Any) -> None:
+    cell = run(loaded, "import nbcoord\nran = []\nnbcoord.on_stop(lambda: ran.append('failed'))\n1 / 0")
+    assert not cell.result.success
+    nbcoord.stop_all(zombies=True, grace=1)
+    assert loaded.user_ns["ran"] == ["failed"]
+
+
+def test_config_magic_prints_only_what_it_changed(loaded: Any) -> None:
+    assert magic(loaded, "config grace_period=2").splitlines() == ["grace_period = 2.0"]
 
 
 # ---------------------------------------------------------------------------------------------------- config

@@ -39,8 +39,8 @@ EXPECTED: dict[str, list[tuple[str, str]]] = {
         (r"\[display application/vnd\.jupyter\.widget-view\+json\]", "the panel is displayed as a widget"),
         (r"started 3 workers", "the workers started"),
         (r"Cell \[\d+\] \(ok\): import threading\n(.*\n)*?\s+t\d+\s+worker-0", "%nbcoord lists workers by cell"),
-        (r"this cell left 1 zombie thread\(s\) running \(its cell was interrupted\): poller", "zombie announced"),
-        (r"poller \| running \| ZOMBIE: its cell was interrupted", "%nbcoord zombies names the poller"),
+        (r"cell \[\d+\] was interrupted and left 1 thread\(s\) running: poller", "zombie announced"),
+        (r"poller \| running \| ZOMBIE: cell \[\d+\] interrupted", "%nbcoord zombies names the poller"),
         (r"stopped 3 thread\(s\), 1 still alive", "stop_all stops the workers and reports the poller"),
         (r"still alive: poller \(started by cell \[\d+\]\): ignored the stop request at ", "why the poller lives"),
         (r"stopped: poller \(t\d+\) \[forced\]", "the forced stop ends the poller"),
@@ -63,7 +63,7 @@ EXPECTED: dict[str, list[tuple[str, str]]] = {
         (r"threads in the kernel before: (\d+), after three more runs: \1\b", "no thread piles up"),
     ],
     "03-join-without-stop": [
-        (r"this cell left 2 zombie thread\(s\) running \(its cell was interrupted\)", "both runners named"),
+        (r"cell \[\d+\] was interrupted and left 2 thread\(s\) running", "both runners named"),
         (r"nbcoord stop \(all\): 2 stopped, 0 still alive", "%nbcoord stop rescues the runners"),
         (r"runner threads still running: \[\]", "no runner thread left"),
         (r"Stop all: \d+ thread\(s\) stopped in \d+ ms, 0 still alive", "Stop all while the cell is busy"),
@@ -109,6 +109,59 @@ EXPECTED: dict[str, list[tuple[str, str]]] = {
         (r"without nbcoord: the kernel process ended [\d.]+ s .*exit status -15: killed by SIGTERM", "baseline"),
         (r"with nbcoord: the kernel process ended [\d.]+ s .*exit status 0: it exited by itself", "prompt exit"),
     ],
+    "10-eager-queues": [
+        (r"queue 'input' \(eager\): 3 of 10 elements, created by cell \[\d+\]", "the eager queue is registered"),
+        (r"input: 3 of 10 \(open", "%nbcoord shows its fill level"),
+        (
+            r"nbcoord: MainThread blocked [\d.]+ s in dequeue of eager queue `input` \(0 of 10 elements, no live "
+            r"producer\)",
+            "the blocked call explained",
+        ),
+        (r"the blocked dequeue ended 0\.\d\d s after Interrupt was pressed", "Interrupt ends it at once"),
+        (
+            r"ERROR KeyboardInterrupt: nbcoord cancelled the dequeue: .*Eager queue `input` is now closed",
+            "KeyboardInterrupt and one sentence",
+        ),
+        (
+            r"nbcoord: eager queue `input` was closed .*by nbcoord, when Interrupt ended the blocked call in cell "
+            r"\[\d+\]",
+            "the later error explained",
+        ),
+        (
+            r"Blocked: producer blocked [\d.]+ s in enqueue of eager queue `full` \(2 of 2 elements, no thread "
+            r"dequeuing\)",
+            "the blocked producer explained",
+        ),
+        (r"nbcoord stop \(all\): 1 stopped, 0 still alive", "the stop ends the producer"),
+        (r"producer alive: False", "no producer left"),
+        (r"failures reported: \[\]", "stopped, not failed"),
+    ],
+    "11-stuck-pipeline": [
+        (r"step 1: batch \[30\.0, 40\.0\]", "training ran before the failure"),
+        (
+            r"nbcoord: dequeue_many\(2\) of queue `examples` timed out: it held 0 of 20 elements, and 2 runner "
+            r"threads feed it \(2 stuck",
+            "the deadline explained",
+        ),
+        (
+            r"nbcoord: QueueRunnerThread-examples-examples_enqueue is stuck: no enqueue for [\d.]+ s while queue "
+            r"`examples` had room; it waits in dequeue of queue `raw` \(0 of 10 elements, no live producer\)",
+            "stuck runners and what they wait on",
+        ),
+        (r"session s\d+: 2 stuck runner threads; restartable: True", "the session can be restarted"),
+        (
+            r"thread 'QueueRunnerThread-raw-raw_enqueue' started by cell \[\d+\] failed: UnknownError: "
+            r"FileNotFoundError",
+            "the reader's failure announced",
+        ),
+        (
+            r"nbcoord restart of session s\d+: 2 stopped, 0 still alive; 2 QueueRunner\(s\) restarted with 5 "
+            r"thread\(s\)",
+            "the restart report",
+        ),
+        (r"trained 5 more steps after the restart", "the pipeline flows again"),
+        (r"runner threads alive: \[\]", "everything stopped at the end"),
+    ],
 }
 
 #: What no notebook may show: errors nbcoord exists to prevent, and nbcoord's own failures.
@@ -138,6 +191,14 @@ FORBIDDEN: dict[str, list[tuple[str, str]]] = {
     ],
     "05-two-queues-fill-levels": [(r"no queues reported", "no fill levels")],
     "06-leak-hunting": [(r"STILL ALIVE", "a thread survived a stop")],
+    "10-eager-queues": [
+        (r"Interrupt did not reach", "Interrupt did not end the call"),
+        (r"STILL ALIVE", "a thread survived a stop"),
+    ],
+    "11-stuck-pipeline": [
+        (r"STILL ALIVE", "a thread survived the restart"),
+        (r"NOT reopened", "a queue was left closed"),
+    ],
 }
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

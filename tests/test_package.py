@@ -40,7 +40,10 @@ def test_wheel_contains_the_panel_module_and_py_typed(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
         assert "nbcoord/static/panel.js" in names, sorted(names)
+        assert "nbcoord/static/fleet.js" in names, sorted(names)
         assert "nbcoord/py.typed" in names, sorted(names)
+        # The server extension is enabled on install: its config file lands in etc/jupyter/jupyter_server_config.d.
+        assert any(n.endswith(".data/data/etc/jupyter/jupyter_server_config.d/nbcoord.json") for n in names), names
         shipped = archive.read("nbcoord/static/panel.js")
         metadata = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     assert shipped, "the wheel's panel.js is empty"

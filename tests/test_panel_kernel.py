@@ -565,7 +565,8 @@ def test_idle_panel_sends_nothing(pk: PanelKernel) -> None:
         assert set(update) <= {"resources", "history"}, update
         if "resources" in update:
             moved = [k for k, v in update["resources"]["host"].items() if v != before["host"].get(k)]
-            assert moved, update
+            others = {k: v for k, v in update["resources"].items() if k != "host" and before.get(k) != v}
+            assert moved, (others, update)
             for key in moved:
                 assert abs(update["resources"]["host"][key] - before["host"][key]) >= 2 << 20, (key, update)
             before = update["resources"]

@@ -127,9 +127,9 @@ def test_thread_is_attributed_to_the_running_cell(registry: Registry, hooks: Thr
     assert record.daemon is True and record.preexisting is False
     assert record.parent_name == threading.main_thread().name
     # The creation stack's innermost frame is the code that called start() (Park.start, in this file).
-    file, _line, function = record.creation_stack[0]
+    file, _line, function = record.creation_frames()[0]
     assert (file, function) == (__file__, "start")
-    assert any(f == "test_thread_is_attributed_to_the_running_cell" for _, _, f in record.creation_stack)
+    assert any(f == "test_thread_is_attributed_to_the_running_cell" for _, _, f in record.creation_frames())
     assert record_of(registry, outside).cell is None
 
 
@@ -463,22 +463,29 @@ def test_a_claimed_thread_is_the_users(registry: Registry, hooks: ThreadHooks, p
     assert record.user and registry.zombie_reason(record, 1.0) == "owner-closed"
 
 
-def test_zombie_reasons_priority(registry: Registry, hooks: ThreadHooks, park: Park, clock: FakeClock) -> None:
-    # stop-ignored beats owner-closed beats the cell's outcome.
+def test_zombie_reasons_accumulate_first_cause_first(
+    registry: Registry, hooks: ThreadHooks, park: Park, clock: FakeClock
+) -> None:
     class Thing:
         pass
 
     thing = Thing()
     registry.cell_started(1, None, "go()")
     thread = park.start("all-reasons")
+    clock.advance(1)
     registry.cell_finished(1, "interrupted")
     record = record_of(registry, thread)
     assert registry.zombie_reason(record, 1.0) == "cell-interrupted"
+    clock.advance(1)
     registry.add_owner(thread, Owner("thing", "Thing", weakref.ref(thing), is_closed=lambda _t: True))
-    assert registry.zombie_reason(record, 1.0) == "owner-closed"
+    registry.sample_activity()  # the monitor's sample sees the owner closed
+    clock.advance(1)
     registry.request_stop([record])
     clock.advance(2)
-    assert registry.zombie_reason(record, 1.0) == "stop-ignored"
+    reasons = registry.zombie_reasons(record, 1.0)
+    assert [reason for reason, _ in reasons] == ["cell-interrupted", "owner-closed", "stop-ignored"]
+    assert [since for _, since in reasons] == [1001.0, 1002.0, 1003.0]
+    assert registry.zombie_reason(record, 1.0) == "cell-interrupted"  # the first cause stays first
 
 
 # -------------------------------------------------------------------------------------------------- failures
@@ -736,3 +743,28 @@ def test_uninstall_leaves_a_later_patch_in_place(registry: Registry, park: Park)
         assert registry.for_thread(thread) is None  # nbcoord's part is off
     finally:
         threading.Thread.start = original_start  # type: ignore[method-assign]
+
+
+# -------------------------------------------------------------------------------------------------- history
+def test_old_cells_are_forgotten_unless_something_refers_to_them(
+    clock: FakeClock, park: Park, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nbcoord import _registry
+
+    registry = Registry(clock=clock, keep_cells=lambda: {7})
+    hooks = ThreadHooks(registry, ignore_exception=ignore_stopped)
+    hooks.install()
+    try:
+        for n in range(1, 10_001):
+            registry.cell_started(n, None, f"cell {n}")
+            if n == 5:
+                park.start("lives-on")  # a live thread keeps its cell
+            registry.cell_finished(n, "ok")
+            clock.advance(0.001)
+        counts = [cell.execution_count for cell in registry.cells()]
+        assert len(counts) <= _registry.RECENT_CELLS + _registry._CELL_SLACK + 2
+        assert 5 in counts and 7 in counts, "a cell that something refers to was forgotten"
+        assert counts[-_registry.RECENT_CELLS :] == list(range(10_001 - _registry.RECENT_CELLS, 10_001))
+        assert registry.cell(5) is not None and registry.cell(6) is None
+    finally:
+        hooks.uninstall()

@@ -1,10 +1,14 @@
-"""The TensorFlow integration, scenario by scenario (shared/SCENARIOS.md S1-S8), with real TensorFlow in graph mode.
+"""The TensorFlow integration, scenario by scenario (S1-S8, as the demo notebooks under notebooks/ name them), with real TensorFlow in graph mode.
 
 Three real kernels: one shared by most tests (nbcoord loaded first, TensorFlow imported later in the same cell
 as the first Session), one where TensorFlow and its objects exist before the load (found by the scan; unload
 restores every patch; the same scenario without nbcoord prints the errors nbcoord prevents), and one that is
 shut down with live non-daemon runner threads. Each test on the shared kernel builds its own graph and stops
 what it started.
+
+Every kernel runs on each TensorFlow release the package claims (:data:`TF_KERNELS`): tensorflow-cpu 2.21 in
+``.venv``, and the oldest claimed, 2.15, in ``.venv-tf215`` (``NBCOORD_TF215_PYTHON``; ``tools/dev.py test``
+builds it). The other TensorFlow test files take their kernels from here too.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import textwrap
 import time
 from collections.abc import Iterator
@@ -24,6 +29,25 @@ from helpers import CellResult, Kernel, wait_until
 pytestmark = [pytest.mark.kernel, pytest.mark.tensorflow]
 
 KERNEL_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2"}
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _tf_kernels() -> list[Any]:
+    """The interpreters the TensorFlow tier runs its kernels on: this one (tensorflow-cpu 2.21), and the one of the
+    oldest TensorFlow the package claims (2.15): ``$NBCOORD_TF215_PYTHON`` (empty: not built here), else
+    ``.venv-tf215`` when it exists."""
+    params = [pytest.param(sys.executable, id="tf2.21")]
+    configured = os.environ.get("NBCOORD_TF215_PYTHON")
+    if configured is None:
+        env = REPO / ".venv-tf215" / "bin" / "python"
+        configured = str(env) if env.exists() else ""
+    if configured:
+        params.append(pytest.param(configured, id="tf2.15"))
+    return params
+
+
+#: One ``pytest.param`` per TensorFlow release tested: the kernel's python, with the id ``tf<version>``.
+TF_KERNELS = _tf_kernels()
 
 #: Errors that runner threads outliving their session (or stopped badly) print.
 RUNNER_ERRORS = (
@@ -61,9 +85,9 @@ def collect_interrupted(kernel: Kernel, msg_id: str) -> CellResult:
         raise AssertionError(f"{error}\nkernel stacks:\n{dump.read_text()}") from None
 
 
-def start_kernel() -> Kernel:
+def start_kernel(python: str | None = None) -> Kernel:
     """A kernel with nbcoord's test diagnostics: SIGUSR1 dumps every thread's stack to stacks.txt."""
-    k = Kernel(env=KERNEL_ENV)
+    k = Kernel(python=python, env=KERNEL_ENV)
     run(
         k,
         f"""
@@ -75,10 +99,10 @@ def start_kernel() -> Kernel:
     return k
 
 
-@pytest.fixture(scope="module")
-def shared_kernel() -> Iterator[Kernel]:
-    """One kernel, nbcoord loaded, shared by the tests of this module that can share it."""
-    k = start_kernel()
+@pytest.fixture(scope="module", params=TF_KERNELS)
+def shared_kernel(request: pytest.FixtureRequest) -> Iterator[Kernel]:
+    """One kernel per TensorFlow release, nbcoord loaded, shared by the tests of this module that can share it."""
+    k = start_kernel(request.param)
     try:
         run(k, "%load_ext nbcoord")
         yield k
@@ -169,14 +193,15 @@ def test_polling_ops_are_built_once_outside_the_users_context(tf_kernel: Kernel)
         with tf.control_dependencies([step]), tf.name_scope("user_scope"):
             q = tf.compat.v1.FIFOQueue(5, tf.float32, name="under_deps")
         graph = tf.compat.v1.get_default_graph()
-        ours = [op for op in graph.get_operations() if op.name.startswith("nbcoord/")]
+        every_op = type(graph).__mro__[1].get_operations  # TensorFlow's own list, under nbcoord's filter
+        ours = [op for op in every_op(graph) if op.name.startswith("nbcoord/")]
         sess = tf.compat.v1.Session()
-        before = len(graph.get_operations())
+        before = len(every_op(graph))
         for _ in range(3):
             nbcoord.snapshot()
         print("@@" + json.dumps({
             "ops": [[op.name, op.type, step.op in op.control_inputs] for op in ours],
-            "grown": len(graph.get_operations()) - before,
+            "grown": len(every_op(graph)) - before,
         }))
         sess.close()
         """,
@@ -187,6 +212,50 @@ def test_polling_ops_are_built_once_outside_the_users_context(tf_kernel: Kernel)
     assert all(name.startswith("nbcoord/user_scope_under_deps_") for name, _t, _d in built["ops"]), built
     assert not any(deps for _n, _t, deps in built["ops"]), "no op of nbcoord's takes the user's control dependency"
     assert built["grown"] == 0, "polling adds nothing to the graph"
+
+
+def test_the_users_graph_stays_the_users_in_counts_and_exports(tf_kernel: Kernel, tmp_path: Path) -> None:
+    """Part 5: nbcoord's polling ops are the session's; a graph with one FIFOQueue has one op, and exports it alone
+    (``as_graph_def``, ``export_meta_graph``, ``write_graph``, a SavedModel). Before: 5 ops, all exported."""
+    result = run(
+        tf_kernel,
+        f"""
+        graph = tf.Graph()
+        with graph.as_default():
+            q = tf.compat.v1.FIFOQueue(5, tf.float32, name="only")
+            size = q.size()
+        sess = tf.compat.v1.Session(graph=graph)
+        size_before = int(sess.run(size))
+        nbcoord.snapshot()  # nbcoord polls the queue through its own (hidden) ops
+        meta = tf.compat.v1.train.export_meta_graph(graph=graph)
+        tf.io.write_graph(graph, {str(tmp_path)!r}, "graph.pbtxt")
+        builder = tf.compat.v1.saved_model.Builder({str(tmp_path / "saved")!r})
+        with graph.as_default():
+            builder.add_meta_graph_and_variables(sess, ["serve"])
+        builder.save()
+        loaded = tf.Graph()
+        with loaded.as_default(), tf.compat.v1.Session(graph=loaded) as other:
+            tf.compat.v1.saved_model.loader.load(other, ["serve"], {str(tmp_path / "saved")!r})
+            saved_ops = sorted(op.type for op in loaded.get_operations())
+        print("@@" + json.dumps({{
+            "ops": sorted(op.name for op in graph.get_operations()),
+            "graph_def": sorted(node.name for node in graph.as_graph_def().node),
+            "meta": sorted(node.name for node in meta.graph_def.node),
+            "meta_op_types": sorted(op.name for op in meta.meta_info_def.stripped_op_list.op),
+            "saved_ops": saved_ops,
+            "queue_row": [r for r in nbcoord.snapshot()["queues"] if r["name"] == "only"][0]["size"],
+        }}))
+        sess.close()
+        """,
+    )
+    seen = marked_json(result)
+    assert seen["ops"] == ["only", "only_Size"], seen
+    assert seen["graph_def"] == seen["meta"] == ["only", "only_Size"], seen
+    assert seen["meta_op_types"] == ["FIFOQueueV2", "QueueSizeV2"], seen
+    assert "nbcoord" not in (tmp_path / "graph.pbtxt").read_text()
+    assert not any("nbcoord" in str(path) for path in tmp_path.rglob("*"))
+    assert seen["saved_ops"] == ["FIFOQueueV2", "QueueSizeV2"], seen
+    assert seen["queue_row"] == 0, "the queue is still polled"
 
 
 # ------------------------------------------------------------------------------------------------- S1
@@ -244,6 +313,10 @@ def test_s1_blocked_dequeue_is_explained_and_interrupt_ends_it(tf_kernel: Kernel
     assert result.status == "error"
     assert result.errors[0]["ename"] == "KeyboardInterrupt"
     assert "queue `input`" in result.errors[0]["evalue"]
+    # Part 2: the traceback holds the cell's frames and nbcoord's one, not TensorFlow's (IPython formats every
+    # frame, twice, with its file's source: that was most of the time from Interrupt to the cell's end).
+    frames = "".join(result.errors[0]["traceback"])
+    assert "tensorflow/python" not in frames and "_tf_runs.py" in frames, frames
     print("interrupt to KeyboardInterrupt in the cell:", result.stdout.strip())
     # The session and the queue are still usable.
     after = value(tf_kernel, "[float(sess.run(q.enqueue(5.0)) or sess.run(deq)), int(sess.run(q.size()))]")
@@ -288,6 +361,12 @@ def test_s2_closing_a_with_session_stops_its_runners_quietly(tf_kernel: Kernel) 
     )
     assert "@@alive 0 2" in result.stdout
     assert_quiet(result)
+    # The close went through the extension's one stop (which reports), not a stop of its own.
+    closed = value(tf_kernel, "nbcoord.integrations.tensorflow.current().last_close_report")
+    assert closed["why"].startswith("close of session s") and closed["alive"] == [], closed
+    names = [row["name"] for row in closed["stopped"]]
+    assert names == ["QueueRunnerThread-with_queue-with_queue_enqueue"] * 2, closed
+    assert value(tf_kernel, "nbcoord.snapshot()['last_stop']['scope']") == "threads"
     later = run(tf_kernel, "print('next cell')")
     assert_quiet(later)
     assert "failed" not in later.stderr, later.stderr
@@ -404,6 +483,31 @@ def test_chained_pipeline_stops_within_the_grace_period(tf_kernel: Kernel) -> No
     assert_quiet(quiet)
 
 
+def test_a_queue_whose_python_object_is_gone_is_still_polled_and_closed(tf_kernel: Kernel) -> None:
+    """A queue built inside a helper function lives in the graph after its Python object is collected: a runner
+    reading from it is still stopped (its upstream queue closed), and the queue is still polled."""
+    fresh_graph(tf_kernel)
+    result = run(
+        tf_kernel,
+        """
+        import gc
+        def build():
+            raw = tf.compat.v1.FIFOQueue(10, tf.float32, name="dropped_raw")
+            out = tf.compat.v1.FIFOQueue(10, tf.float32, name="kept_out")
+            return tf.compat.v1.train.QueueRunner(out, [out.enqueue(raw.dequeue())])
+        qr = build()
+        gc.collect()
+        sess = tf.compat.v1.Session()
+        threads = qr.create_threads(sess, start=True)  # waits on dropped_raw, which nobody feeds
+        print("@@" + json.dumps(sorted(q["name"] for q in nbcoord.snapshot()["queues"])))
+        """,
+    )
+    assert marked_json(result) == ["dropped_raw", "kept_out"]
+    report = stop_all(tf_kernel)
+    assert report["alive"] == [] and len(report["stopped"]) == 1, report
+    run(tf_kernel, "sess.close()")
+
+
 # ------------------------------------------------------------------------------------------------- S5
 def test_s5_an_exception_in_a_worker_reaches_coord_join_with_its_cell(tf_kernel: Kernel) -> None:
     started = run(
@@ -478,6 +582,83 @@ def test_s5_a_failing_runner_stops_the_group_and_join_reraises(tf_kernel: Kernel
     assert "QueueRunnerThread-bad_input" in announced.stderr, announced.stderr
     failures = value(tf_kernel, "[f['thread_name'] for f in nbcoord.snapshot()['failures'] if 'bad' in f['message']]")
     assert any(name.startswith("QueueRunnerThread-bad_input") for name in failures), failures
+
+
+def test_s5_the_main_threads_own_request_stop_is_not_a_thread_failure(tf_kernel: Kernel) -> None:
+    """Part 5: the main thread reporting its own exception to a coordinator is not "thread 'MainThread' failed"."""
+    result = run(
+        tf_kernel,
+        """
+        coord = tf.compat.v1.train.Coordinator()
+        try:
+            raise ValueError("the main thread's own")
+        except ValueError as e:
+            coord.request_stop(e)
+        try:
+            coord.join([])
+        except ValueError as e:
+            print("@@join", e)
+        """,
+    )
+    assert "@@join the main thread's own" in result.stdout
+    announced = run(tf_kernel, "print('next')")
+    assert "MainThread" not in announced.stderr, announced.stderr
+    failures = value(tf_kernel, "[f['thread_name'] for f in nbcoord.snapshot()['failures']]")
+    assert "MainThread" not in failures
+
+
+def test_s5_request_stop_inside_except_keeps_tensorflows_semantics(tf_kernel: Kernel) -> None:
+    """Inside an ``except`` block TensorFlow records the exception being handled (sys.exc_info()), even when
+    another one is passed: nbcoord passes the call on unchanged there."""
+    result = run(
+        tf_kernel,
+        """
+        coord = tf.compat.v1.train.Coordinator()
+        try:
+            raise KeyError("being handled")
+        except KeyError:
+            coord.request_stop(ValueError("passed"))
+        try:
+            coord.join([])
+        except Exception as e:
+            print("@@join", type(e).__name__)
+        """,
+    )
+    assert "@@join KeyError" in result.stdout, result.stdout
+
+
+def test_a_runner_whose_enqueue_op_is_a_tensor_is_registered_and_stopped(tf_kernel: Kernel) -> None:
+    """Part 5: TensorFlow accepts a Tensor as a runner's "op" (``var.count_up_to(n)``, as its own tests and input
+    helpers pass). Such a runner is registered and stopped by a stop; before, its threads were invisible (a
+    warning: 'SymbolicTensor' object has no attribute 'type'). A count_up_to that never touches the queue only
+    stops between runs, through its coordinator (as in TensorFlow itself)."""
+    fresh_graph(tf_kernel)
+    result = run(
+        tf_kernel,
+        """
+        var = tf.compat.v1.Variable(tf.constant(0, dtype=tf.int64), use_resource=False)
+        counted = var.count_up_to(1_000_000_000)
+        gate = tf.compat.v1.FIFOQueue(2, tf.int64, name="gate")
+        qr = tf.compat.v1.train.QueueRunner(gate, [gate.enqueue(counted), counted])
+        sess = tf.compat.v1.Session()
+        sess.run(var.initializer)
+        coord = tf.compat.v1.train.Coordinator()
+        threads = qr.create_threads(sess, coord=coord, start=True)
+        names = sorted(t["name"] for t in nbcoord.snapshot()["threads"] if t["name"].startswith("QueueRunnerThread"))
+        print("@@" + json.dumps(names))
+        """,
+    )
+    names = marked_json(result)
+    assert "QueueRunnerThread-gate-CountUpTo:0" in names, names
+    assert "could not register" not in result.text, result.text
+    owners = value(
+        tf_kernel, "[t['owners'] for t in nbcoord.snapshot()['threads'] if t['name'].endswith('CountUpTo:0')][0]"
+    )
+    assert {o["kind"] for o in owners} == {"queue", "queue-runner", "session", "coordinator"}, owners
+    report = stop_all(tf_kernel)
+    assert report["alive"] == [] and len(report["stopped"]) == 3, report
+    assert value(tf_kernel, "[t.is_alive() for t in threads]") == [False, False, False]
+    run(tf_kernel, "sess.close()")
 
 
 # ------------------------------------------------------------------------------------------------- S6
@@ -626,10 +807,10 @@ def test_monitored_training_session_with_a_finalized_graph(tf_kernel: Kernel) ->
 
 
 # ------------------------------------------------------------------------- existing objects and unload
-@pytest.fixture(scope="module")
-def preloaded() -> Iterator[Kernel]:
+@pytest.fixture(scope="module", params=TF_KERNELS)
+def preloaded(request: pytest.FixtureRequest) -> Iterator[Kernel]:
     """A kernel where TensorFlow and its objects exist before nbcoord is loaded."""
-    k = Kernel(env=KERNEL_ENV)
+    k = Kernel(python=request.param, env=KERNEL_ENV)
     try:
         run(
             k,
@@ -643,10 +824,13 @@ def preloaded() -> Iterator[Kernel]:
             tf.compat.v1.disable_eager_execution()
             tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
             PATCHED = [(BaseSession, "__init__"), (BaseSession, "close"), (BaseSession, "_call_tf_sessionrun"),
-                       (QueueBase, "__init__"), (QueueRunner, "create_threads"), (Coordinator, "__init__"),
-                       (Coordinator, "request_stop"), (threading.Thread, "start")]
+                       (BaseSession, "run"), (QueueBase, "__init__"), (QueueBase, "enqueue"),
+                       (QueueBase, "enqueue_many"), (QueueBase, "dequeue"), (QueueBase, "dequeue_many"),
+                       (QueueBase, "dequeue_up_to"), (QueueBase, "close"), (QueueRunner, "create_threads"),
+                       (Coordinator, "__init__"), (Coordinator, "request_stop"), (tf.Graph, "_as_graph_def"),
+                       (threading.Thread, "start")]
             def attrs():
-                return [cls.__dict__[name] for cls, name in PATCHED]
+                return [cls.__dict__[name] for cls, name in PATCHED] + ["get_operations" in vars(tf.Graph)]
             before = attrs()
             meta_before = list(sys.meta_path)
             old = tf.compat.v1.FIFOQueue(10, tf.float32, name="old")
@@ -663,13 +847,13 @@ def preloaded() -> Iterator[Kernel]:
 def test_existing_objects_are_found_and_unload_restores_every_patch(preloaded: Kernel) -> None:
     run(preloaded, "%load_ext nbcoord\nimport nbcoord")
     patched = value(preloaded, "[a is b for a, b in zip(attrs(), before)]")
-    assert patched == [False] * 8, "every attribute is patched while loaded"
+    assert patched == [False] * 17, "every attribute is patched while loaded"
     snap = value(preloaded, "{k: nbcoord.snapshot()[k] for k in ('queues', 'sessions')}")
     (old,) = [q for q in snap["queues"] if q["name"] == "old"]
     assert old["size"] == 1 and old["cell"] is None, "an existing queue is found and polled"
     assert [s["cell"] for s in snap["sessions"]] == [None]
     run(preloaded, "%unload_ext nbcoord")
-    assert value(preloaded, "[a is b for a, b in zip(attrs(), before)]") == [True] * 8
+    assert value(preloaded, "[a is b for a, b in zip(attrs(), before)]") == [True] * 17
     assert value(preloaded, "list(sys.meta_path) == meta_before")
     assert value(preloaded, "signal.set_wakeup_fd(-1)") == -1
     assert value(preloaded, "[t.name for t in threading.enumerate() if t.name.startswith('nbcoord')]") == []
@@ -694,8 +878,9 @@ def test_without_nbcoord_the_with_trap_prints_runner_errors(preloaded: Kernel) -
 
 
 # -------------------------------------------------------------------------------------------- shutdown
-def test_shutdown_with_live_non_daemon_runner_threads_exits_cleanly() -> None:
-    k = Kernel(env=KERNEL_ENV)
+@pytest.mark.parametrize("python", TF_KERNELS)
+def test_shutdown_with_live_non_daemon_runner_threads_exits_cleanly(python: str) -> None:
+    k = Kernel(python=python, env=KERNEL_ENV)
     try:
         run(k, "%load_ext nbcoord")
         run(

@@ -188,3 +188,60 @@ def test_class_patches_restore_exactly_and_leave_foreign_patches() -> None:
     assert patches.restore() == ["test_class_patches_restore_exactly_and_leave_foreign_patches.<locals>.Target.other"]
     assert Target.__dict__["method"] is original
     assert Target.__dict__["other"] is foreign
+
+
+def test_class_patches_wrap_an_inherited_attribute_and_remove_it_again() -> None:
+    class Base:
+        def names(self) -> list[str]:
+            return ["a", "nbcoord/x"]
+
+    class Graph(Base):
+        pass
+
+    patches = ClassPatches()
+    patches.patch(Graph, "names", lambda orig: lambda self: [n for n in orig(self) if "/" not in n], inherited=True)
+    assert Graph().names() == ["a"] and Base().names() == ["a", "nbcoord/x"]
+    patches.restore()
+    assert "names" not in vars(Graph), "the wrapper on the subclass is removed, the base's method shows again"
+    assert Graph().names() == ["a", "nbcoord/x"]
+
+
+class _Node:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class _GraphDef:
+    def __init__(self, names: list[str]) -> None:
+        self.node = [_Node(n) for n in names]
+
+
+def test_hidden_ops_leave_counts_and_graph_defs_alone_for_other_graphs() -> None:
+    from nbcoord.integrations._tf_graph import HiddenOps
+
+    class Graph:
+        pass
+
+    mine, other = Graph(), Graph()
+    hidden = HiddenOps()
+    hidden.hide(mine, [_Node("nbcoord/q_size"), _Node("nbcoord/q_close")])
+    ops = [_Node("q"), _Node("nbcoord/q_size"), _Node("nbcoord/q_close")]
+    assert [op.name for op in hidden.filter_operations(mine, ops)] == ["q"]
+    assert hidden.filter_operations(other, ops) is ops, "a graph nbcoord added nothing to is not copied"
+    assert hidden.names(object()) == frozenset()
+
+
+def test_a_note_is_added_once_and_python_3_10_gets_the_notes_list() -> None:
+    from nbcoord.integrations._tf_explain import add_note
+
+    error = ValueError("queue closed")
+    add_note(error, "queue `q` was closed by nbcoord's stop.")
+    add_note(error, "a second sentence is not added")
+    assert error.__notes__ == ["nbcoord: queue `q` was closed by nbcoord's stop."]
+
+    class NoAddNote(Exception):
+        add_note = None  # as on Python 3.10
+
+    old = NoAddNote("x")
+    add_note(old, "said anyway.")
+    assert old.__notes__ == ["nbcoord: said anyway."]

@@ -1,18 +1,20 @@
 """Set-up and entry points for developers, using only the Python standard library.
 
     python3 tools/dev.py demo    # .venv with nbcoord + JupyterLab + TensorFlow (CPU); opens JupyterLab on notebooks/
-    python3 tools/dev.py test    # .venv, .venv-ik6, .venv-py310, .venv-py313; lint, types, all tests
+    python3 tools/dev.py test    # .venv, .venv-ik6, .venv-tf215, .venv-py310, .venv-py313; lint, types, all tests
 
 ``test`` runs pytest in ``.venv`` (Python 3.11). The kernel-level tests also start kernels on other interpreters,
-each with its own environment: ``.venv-ik6`` (ipykernel 6), ``.venv-py310`` and ``.venv-py313`` (the oldest and
+each with its own environment: ``.venv-ik6`` (ipykernel 6, with TensorFlow), ``.venv-tf215`` (the oldest TensorFlow
+claimed, 2.15, for the TensorFlow tier; ``NBCOORD_TF215_PYTHON``), ``.venv-py310`` and ``.venv-py313`` (the oldest and
 the newest supported Python, made from pyenv's interpreters or ``python3.10``/``python3.13`` on PATH). pytest finds
 them through ``NBCOORD_PY310_PYTHON`` and ``NBCOORD_PY313_PYTHON`` (see tests/interpreters.py). An interpreter that
 is not installed is named at the start and in the summary, and its kernels are left out; an environment that cannot
 be built from an interpreter that is there fails the command.
 
 Both are idempotent: a second run reuses the environments and only installs what changed.
-The browser tests need Debian's Chromium at /usr/bin/chromium; ``test`` installs it with apt-get when run as
-root on Debian and it is missing (never a browser download).
+The browser tests need Debian's Chromium at /usr/bin/chromium, and the server extension's tests Debian's Prometheus at
+/usr/bin/prometheus; ``test`` installs them with apt-get when run as root on Debian and they are missing (never a
+download).
 """
 
 from __future__ import annotations
@@ -32,7 +34,21 @@ ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv"
 VENV_IK6 = ROOT / ".venv-ik6"
 CHROMIUM = Path("/usr/bin/chromium")
-IK6_PACKAGES = ["ipykernel>=6.29,<7", "ipywidgets==8.1.9", "anywidget==0.11.0", "psutil", "pytest", "pytest-timeout"]
+#: Debian's Prometheus: tests/test_server.py starts it on a loopback port to scrape nbcoord's server extension.
+PROMETHEUS = Path("/usr/bin/prometheus")
+# The ipykernel 6 tier runs the TensorFlow tests too: the same TensorFlow as .venv.
+IK6_PACKAGES = [
+    "ipykernel>=6.29,<7",
+    "ipywidgets==8.1.9",
+    "anywidget==0.11.0",
+    "psutil",
+    "pytest",
+    "pytest-timeout",
+    "tensorflow-cpu==2.21.*",
+]
+#: The oldest TensorFlow the package claims (pyproject: tensorflow>=2.15), for the TensorFlow tier's kernels.
+VENV_TF215 = ROOT / ".venv-tf215"
+TF215_PACKAGES = ["tensorflow-cpu==2.15.1", "ipykernel==7.4.0", "ipywidgets==8.1.9", "anywidget==0.11.0", "psutil"]
 KERNEL_PACKAGES = ["ipywidgets==8.1.9", "anywidget==0.11.0", "psutil"]
 
 
@@ -166,9 +182,22 @@ def ensure_chromium() -> None:
     if os.geteuid() == 0 and shutil.which("apt-get"):
         env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
         run("apt-get", "update", "-qq", env=env)
-        run("apt-get", "install", "-y", "-qq", "chromium", env=env)
+        # Headless: none of its recommends (udev, upower, a printer dialog, GL drivers) but the font.
+        run("apt-get", "install", "-y", "-qq", "--no-install-recommends", "chromium", "fonts-liberation", env=env)
         return
     sys.exit("The browser tests need Debian's Chromium: run `sudo apt-get install -y chromium` and try again.")
+
+
+def ensure_prometheus() -> None:
+    """Debian's prometheus package (--no-install-recommends: not the node exporter); never a download."""
+    if PROMETHEUS.exists():
+        return
+    if os.geteuid() == 0 and shutil.which("apt-get"):
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        run("apt-get", "update", "-qq", env=env)
+        run("apt-get", "install", "-y", "-qq", "--no-install-recommends", "prometheus", env=env)
+        return
+    print("not testing with Prometheus: run `sudo apt-get install -y --no-install-recommends prometheus`", flush=True)
 
 
 def demo(args: argparse.Namespace) -> None:
@@ -189,9 +218,11 @@ def check(*cmd: str | Path, env: dict[str, str] | None = None) -> bool:
 def test(args: argparse.Namespace) -> None:
     kernel_pythons = find_kernel_pythons()
     ensure_chromium()
+    ensure_prometheus()
     python = ensure_venv(VENV, "-e", f"{ROOT}[test]")
     ensure_venv(VENV_IK6, *IK6_PACKAGES, "-e", str(ROOT))
     variables, summary, failures = prepare_kernel_pythons(kernel_pythons)
+    variables["NBCOORD_TF215_PYTHON"] = str(ensure_venv(VENV_TF215, *TF215_PACKAGES, "-e", str(ROOT)))
     results = {
         "ruff": check(python, "-m", "ruff", "check", "nbcoord", "tests", "bench", "tools"),
         "mypy": check(python, "-m", "mypy"),

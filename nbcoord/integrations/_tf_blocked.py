@@ -4,6 +4,10 @@ A run waits on a queue when its graph (walked back from what it fetches) holds a
 fewer elements than it takes, or an enqueue into a full one, according to the last poll. The sentence names
 the thread, how long, the operation and the queue, its fill level, and who could unblock it:
 "MainThread blocked 42 s in dequeue of queue `input` (0 of 100 elements, no live producer)".
+
+Interrupt resets the queues such a main-thread run waits on. What that needs is prepared when the monitor first
+sees the run blocking (the analysis of the run, a prepared step that runs the resets, with its executor built),
+so that the Interrupt itself only runs it.
 """
 
 from __future__ import annotations
@@ -12,13 +16,16 @@ import logging
 import signal
 import threading
 import time
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from .._registry import Registry
 from ._tf_graph import QueueUse, RunAnalyzer, run_op_names
+from ._tf_internals import prepare_callable
 from ._tf_objects import QueueInfo, QueueState, TFObjects, session_is_open
-from ._tf_runs import RunState, RunTracker, RunView
+from ._tf_runs import RunState, RunTracker, RunView, frames_to, warm_traceback
 
 log = logging.getLogger("nbcoord")
 
@@ -28,6 +35,18 @@ BLOCKED_AFTER_S = 1.0
 LONG_RUN_S = 10.0
 #: A producer (or consumer) whose run has lasted longer than this is stuck, not progressing.
 PROGRESS_S = 2.0
+#: A main-thread run in flight this long gets its Interrupt prepared by the monitor.
+PREPARE_AFTER_S = 0.3
+
+
+@dataclass(eq=False)
+class _PreparedReset:
+    """The reset of the queues one main-thread run waits on, ready to run."""
+
+    since: float
+    session_ref: weakref.ref[Any]
+    queue_ids: tuple[str, ...]
+    fn: Callable[[], Any] | None
 
 
 @dataclass(frozen=True)
@@ -57,6 +76,9 @@ class BlockedRuns:
         self.tracker = tracker
         self.analyzer = analyzer
         self.registry = registry
+        self._prepared: _PreparedReset | None = None
+        #: The files whose frames end up in the traceback of a cancelled run (the cell's, nbcoord's wrapper).
+        self.traceback_file: Callable[[str], bool] = lambda _filename: False
 
     def blocking(self, view: RunView, *, fresh: bool) -> list[Blocking]:
         """The queue operations that keep this run waiting now (``fresh``: poll the session first)."""
@@ -70,6 +92,8 @@ class BlockedRuns:
         uses = self.analyzer.queue_uses(graph, run_op_names(view.fetches, view.targets))
         found: list[Blocking] = []
         for use in uses:
+            if use.kind == "close":
+                continue
             queue = self.objects.queue_by_op(graph, use.queue_op)
             if queue is None:
                 continue
@@ -172,6 +196,37 @@ class BlockedRuns:
             rows.append(row)
         return rows
 
+    def _resets(self, view: RunView, state: RunState) -> list[Blocking]:
+        """The queues a main-thread run waits on that nobody serves, and that nbcoord can reset."""
+        found = self.blocking(view, fresh=True)
+        resets = [b for b in found if b.queue.ops is not None and b.queue.ops.reset is not None]
+        return [b for b in resets if self.partners(b, view.session, state)[1] == 0]
+
+    def prepare_main(self) -> None:
+        """The monitor's part of the Interrupt: once the main thread's run has been in flight a moment, analyse it
+        and prepare the step that resets the queues it waits on (a first run of those ops builds an executor)."""
+        state = self.tracker.state_of(threading.main_thread())
+        view = state.current() if state is not None else None
+        if state is None or view is None or time.monotonic() - view.since < PREPARE_AFTER_S:
+            return
+        prepared = self._prepared
+        if prepared is not None and prepared.since == view.since:
+            return
+        if not session_is_open(view.session):
+            return
+        resets = self._resets(view, state)
+        ids = tuple(b.queue.qid for b in resets)
+        fn = None
+        if resets:
+            ops = [b.queue.ops.reset for b in resets if b.queue.ops is not None and b.queue.ops.reset is not None]
+            try:
+                fn = prepare_callable(view.session, [op.name for op in ops])
+            except Exception:
+                log.debug("nbcoord: could not prepare the reset of a blocked run's queues", exc_info=True)
+        self._prepared = _PreparedReset(view.since, weakref.ref(view.session), ids, fn)
+        if resets:
+            warm_traceback(frames_to(threading.main_thread(), self.traceback_file))
+
     def cancel_main_run(self, run_options: Any) -> bool:
         """On Interrupt: cancel the main thread's run if it is stuck on a queue nobody serves; True if done.
 
@@ -187,9 +242,7 @@ class BlockedRuns:
         if state is None or view is None or not session_is_open(view.session):
             return False
         session = view.session
-        found = self.blocking(view, fresh=True)
-        resets = [b for b in found if b.queue.ops is not None and b.queue.ops.reset is not None]
-        resets = [b for b in resets if self.partners(b, session, state)[1] == 0]
+        resets = self._resets(view, state)
         if not resets:
             log.info("nbcoord: Interrupt during a session run that is not stuck on a queue; it ends with the run")
             return False
@@ -208,13 +261,30 @@ class BlockedRuns:
         state.cancel_token = view.since
         if state.since != view.since:
             return False  # the run ended by itself meanwhile
-        ops = [b.queue.ops.reset for b in resets if b.queue.ops is not None]
-        try:
-            session.run(ops, options=run_options(timeout_in_ms=2000))
-        except Exception:
-            log.warning("nbcoord: could not reset the queue blocking the main thread", exc_info=True)
+        if not self._run_resets(view, resets, run_options):
             return False
         sinfo = self.objects.session_info(session)
         if sinfo is not None:
             self.objects.poll(sinfo)  # the next step creates the queue afresh: do it now, off the user's time
+        return True
+
+    def _run_resets(self, view: RunView, resets: list[Blocking], run_options: Any) -> bool:
+        """Run the resets: the step prepared for this run when it is the one, else a plain run."""
+        prepared = self._prepared
+        ids = tuple(b.queue.qid for b in resets)
+        try:
+            if (
+                prepared is not None
+                and prepared.fn is not None
+                and prepared.since == view.since
+                and prepared.session_ref() is view.session
+                and prepared.queue_ids == ids
+            ):
+                prepared.fn()
+            else:
+                ops = [b.queue.ops.reset for b in resets if b.queue.ops is not None]
+                view.session.run(ops, options=run_options(timeout_in_ms=2000))
+        except Exception:
+            log.warning("nbcoord: could not reset the queue blocking the main thread", exc_info=True)
+            return False
         return True

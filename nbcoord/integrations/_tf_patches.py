@@ -22,6 +22,8 @@ class _Applied:
     name: str
     original: Any
     replacement: Any
+    #: The original came from a base class: restoring deletes the attribute from ``cls`` again.
+    inherited: bool = False
 
 
 class ClassPatches:
@@ -30,12 +32,21 @@ class ClassPatches:
     def __init__(self) -> None:
         self._applied: list[_Applied] = []
 
-    def patch(self, cls: type, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
-        """Replace ``cls.name`` (which ``cls`` itself must define) by ``make(original)``."""
-        original = cls.__dict__[name]
-        replacement = functools.wraps(original)(make(original))
+    def patch(
+        self, cls: type, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]], *, inherited: bool = False
+    ) -> None:
+        """Replace ``cls.name`` by ``make(original)``. ``cls`` itself must define it, unless ``inherited``: then the
+        attribute a base class defines (TensorFlow's ``Graph.get_operations`` is its C++ base's) is wrapped on
+        ``cls``, and restoring removes it from ``cls`` again."""
+        from_base = inherited and name not in cls.__dict__
+        original = getattr(cls, name) if from_base else cls.__dict__[name]
+        replacement = make(original)
+        try:
+            replacement = functools.wraps(original)(replacement)
+        except (AttributeError, TypeError):  # a C method without every attribute wraps copies
+            replacement.__wrapped__ = original  # type: ignore[attr-defined]
         setattr(cls, name, replacement)
-        self._applied.append(_Applied(cls, name, original, replacement))
+        self._applied.append(_Applied(cls, name, original, replacement, from_base))
 
     def restore(self) -> list[str]:
         """Put every original back; returns the attributes that someone else had replaced meanwhile."""
@@ -44,7 +55,10 @@ class ClassPatches:
             applied = self._applied.pop()
             label = f"{applied.cls.__qualname__}.{applied.name}"
             if applied.cls.__dict__.get(applied.name) is applied.replacement:
-                setattr(applied.cls, applied.name, applied.original)
+                if applied.inherited:
+                    delattr(applied.cls, applied.name)
+                else:
+                    setattr(applied.cls, applied.name, applied.original)
             else:
                 # Someone patched on top of us: restoring would drop their patch. Theirs stays; ours is off
                 # because every patched function checks that the integration is still active.

@@ -9,6 +9,12 @@ enqueue ops read from (a chained pipeline would otherwise leave its downstream r
 
 The closes run through callables prepared by the monitor tick: the first run of a new set of ops builds a
 TensorFlow executor (tens of milliseconds on two cores), which a prepared callable has already done.
+
+Eager queues that threads in scope use are closed the same way (see :mod:`._tf_eager`). Every close nbcoord makes
+is remembered with the queue (who closed it, when, from which stop), for the sentence of the errors that follow.
+
+Closing a session first stops its runner threads through the extension's one stop (so that it yields a report
+like any other stop); only when that cannot run (a close from inside a stop) does it stop and join them here.
 """
 
 from __future__ import annotations
@@ -23,7 +29,14 @@ from typing import Any
 
 from ._tf_blocked import BlockedRuns
 from ._tf_graph import RunAnalyzer
-from ._tf_objects import RunnerInfo, TFObjects, session_is_open
+from ._tf_internals import (
+    extend_closed_exception_types,
+    prepare_callable,
+    registered_threads,
+    restore_closed_exception_types,
+    thread_call,
+)
+from ._tf_objects import CloseRecord, QueueInfo, RunnerInfo, TFObjects, session_is_open
 from ._tf_runs import RunTracker
 
 log = logging.getLogger("nbcoord")
@@ -37,6 +50,8 @@ class _PreparedClose:
     runner_ref: weakref.ref[Any]
     session_ref: weakref.ref[Any]
     fn: Callable[[], Any]
+    #: The queues it closes (for the record of who closed them).
+    queues: tuple[QueueInfo, ...] = ()
 
 
 @dataclass(eq=False)
@@ -52,9 +67,12 @@ class _Closes:
 
     prepared: dict[tuple[int, int], _PreparedClose] = field(default_factory=dict)
     by_session: dict[int, tuple[Any, list[Any]]] = field(default_factory=dict)
+    #: The queues closed, by session id (for the record of who closed them).
+    queues: dict[int, tuple[Any, list[QueueInfo]]] = field(default_factory=dict)
 
-    def add(self, session: Any, ops: list[Any]) -> None:
+    def add(self, session: Any, ops: list[Any], queues: list[QueueInfo]) -> None:
         self.by_session.setdefault(id(session), (session, []))[1].extend(ops)
+        self.queues.setdefault(id(session), (session, []))[1].extend(queues)
 
 
 class RunnerStopping:
@@ -82,6 +100,10 @@ class RunnerStopping:
         self._prepared_all: dict[int, _PreparedAll] = {}
         #: Keys whose close could not be prepared (they are closed with a plain run instead).
         self._failed: set[tuple[int, int]] = set()
+        #: Closes the eager queues of threads in a stop (the eager part), set at install: (threads, scope, cell).
+        self.close_eager: Callable[[list[threading.Thread], str, int | None], list[str]] = lambda _t, _s, _c: []
+        #: The cell running now (for the record of a stop's closes).
+        self.current_cell: Callable[[], int | None] = lambda: None
 
     def clear(self) -> None:
         """Forget the prepared closes and give every runner its own exception types back (at unload)."""
@@ -89,7 +111,7 @@ class RunnerStopping:
         self._prepared_all.clear()
         self._failed.clear()
         for runner, types in list(self._closed_types.items()):
-            runner._queue_closed_exception_types = types
+            restore_closed_exception_types(runner, types)
         self._closed_types.clear()
 
     def coordinators_of(self, threads: Iterable[threading.Thread]) -> dict[int, Any]:
@@ -102,19 +124,23 @@ class RunnerStopping:
             coord = runner.coord_ref() if runner is not None and runner.coord_ref is not None else None
             if coord is not None:
                 found[id(coord)] = coord
-            args = list(getattr(thread, "_args", ()) or ()) + list((getattr(thread, "_kwargs", None) or {}).values())
-            args.append(getattr(getattr(thread, "_target", None), "__self__", None))
-            for value in args:
+            target, args, kwargs = thread_call(thread)
+            for value in (*args, *kwargs.values(), getattr(target, "__self__", None)):
                 if isinstance(value, coord_cls):
                     found[id(value)] = value
         for _info, coord in self.objects.coordinators():
-            registered: Iterable[threading.Thread] = getattr(coord, "_registered_threads", ())
+            registered: Iterable[threading.Thread] = registered_threads(coord)
             if wanted.intersection(registered):
                 found[id(coord)] = coord
         return found
 
-    def stop_threads(self, threads: list[threading.Thread], deadline: float) -> None:
-        """Ask these threads (and every runner thread of their coordinators) to stop; does not join."""
+    def stop_threads(
+        self, threads: list[threading.Thread], deadline: float, scope: str = "all", cell: int | None = None
+    ) -> None:
+        """Ask these threads (and every runner thread of their coordinators) to stop; does not join.
+
+        ``scope`` and ``cell`` say which stop it is, for the record of the queues it closes.
+        """
         coords = self.coordinators_of(threads)
         for coord in coords.values():
             try:
@@ -134,16 +160,23 @@ class RunnerStopping:
         for thread in threads:
             if self.objects.runner(thread) is None:
                 self._blocked_closes(thread, closes)
-        self._run_closes(closes, deadline)
+        detail = f"the stop of {scope}" + (f" [{cell}]" if scope == "cell" and cell is not None else "")
+        record = CloseRecord("nbcoord-stop", "nbcoord", self.current_cell(), time.time(), detail)
+        self._run_closes(closes, deadline, record)
+        self.close_eager(threads, scope, cell)
 
-    def _close_ops(self, runner: Any, session: Any) -> list[Any]:
-        """The ops that end a runner: close its queue, and the queues its enqueue ops read from, cancelling."""
+    def _close_ops(self, runner: Any, session: Any) -> tuple[list[Any], list[QueueInfo]]:
+        """The ops that end a runner: close its queue, and the queues its enqueue ops read from, cancelling;
+        with the queues they close."""
         ops = [runner.cancel_op]
+        own = self.objects.queue_info(runner.queue)
+        queues = [own] if own is not None else []
         for name in self.analyzer.upstream_queues(session.graph, list(runner.enqueue_ops)):
             upstream = self.objects.queue_by_op(session.graph, name)
             if upstream is not None and upstream.ops is not None:
                 ops.append(upstream.ops.close)
-        return ops
+                queues.append(upstream)
+        return ops, queues
 
     def _runner_closes(self, info: RunnerInfo, closes: _Closes) -> None:
         qr = info.runner_ref()
@@ -156,7 +189,7 @@ class RunnerStopping:
         if prepared is not None and prepared.runner_ref() is qr and prepared.session_ref() is session:
             closes.prepared[key] = prepared
         else:
-            closes.add(session, self._close_ops(qr, session))
+            closes.add(session, *self._close_ops(qr, session))
 
     def _blocked_closes(self, thread: threading.Thread, closes: _Closes) -> None:
         """For a thread in scope that is blocked in a run on a queue, the close of that queue."""
@@ -166,25 +199,39 @@ class RunnerStopping:
             return
         for blocking in self.blocked.blocking(view, fresh=True):
             if blocking.queue.ops is not None:
-                closes.add(view.session, [blocking.queue.ops.close])
+                closes.add(view.session, [blocking.queue.ops.close], [blocking.queue])
 
     def _treat_cancel_as_closed(self, runner: Any) -> None:
         """Make a runner end quietly when its enqueue is cancelled (TensorFlow's own documented option)."""
-        cancelled = self._tf["CancelledError"]
-        types = tuple(runner.queue_closed_exception_types)
-        if cancelled not in types:
-            self._closed_types.setdefault(runner, types)
-            runner._queue_closed_exception_types = (*types, cancelled)
+        if runner in self._closed_types:
+            return
+        own = extend_closed_exception_types(runner, self._tf["CancelledError"])
+        if own is not None:
+            self._closed_types[runner] = own
 
-    def _run_closes(self, closes: _Closes, deadline: float) -> None:
+    def _record(self, session: Any, queues: Iterable[QueueInfo], record: CloseRecord) -> None:
+        """Remember that nbcoord's stop closed these queues (unless something closed them before)."""
+        info = self.objects.session_info(session)
+        if info is None:
+            return
+        with self.objects.lock:
+            for queue in queues:
+                state = queue.state(info.sid)
+                if not state.closed and state.closed_by is None:
+                    state.closed_by = record
+
+    def _run_closes(self, closes: _Closes, deadline: float, record: CloseRecord) -> None:
         for prepared in self._combine(closes.prepared):
             session = prepared.session_ref()
             if session is None or not session_is_open(session):
                 continue
+            self._record(session, prepared.queues, record)
             try:
                 prepared.fn()
             except Exception:
                 log.debug("nbcoord: a prepared close failed (a queue may be closed already)", exc_info=True)
+        for session, queues in closes.queues.values():
+            self._record(session, queues, record)
         run_options = self._tf["RunOptions"]
         for session, ops in closes.by_session.values():
             unique = list({id(op): op for op in ops}.values())
@@ -231,59 +278,65 @@ class RunnerStopping:
         todo = [key for key in live if key not in self._prepared and key not in self._failed]
         for key in todo[:PREPARE_PER_TICK]:
             qr, session = live[key]
-            close = self._prepare(qr, session, self._close_ops(qr, session))
+            close = self._prepare(qr, session, *self._close_ops(qr, session))
             if close is None:
                 self._failed.add(key)
             else:
                 self._prepared[key] = close
         if len(todo) > PREPARE_PER_TICK:
             return  # the session-wide closes wait until every runner has its own
+        self._prepare_session_wide(by_session, live)
+
+    def _prepare_session_wide(
+        self, by_session: dict[int, set[tuple[int, int]]], live: dict[tuple[int, int], tuple[Any, Any]]
+    ) -> None:
+        """One close per session for all its runners, used when a stop ends them all."""
         for sid, keys in by_session.items():
             if len(keys) < 2 or (sid in self._prepared_all and self._prepared_all[sid].keys == keys):
                 continue
             qr, session = live[next(iter(keys))]
-            ops = [op for key in sorted(keys) for op in self._close_ops(live[key][0], session)]
-            close = self._prepare(qr, session, ops)
+            ops: list[Any] = []
+            queues: list[QueueInfo] = []
+            for key in sorted(keys):
+                more_ops, more_queues = self._close_ops(live[key][0], session)
+                ops += more_ops
+                queues += more_queues
+            close = self._prepare(qr, session, ops, queues)
             if close is not None:
                 self._prepared_all[sid] = _PreparedAll(weakref.ref(session), frozenset(keys), close)
 
-    def _prepare(self, runner: Any, session: Any, ops: list[Any]) -> _PreparedClose | None:
-        options = self._tf["CallableOptions"]()
-        options.target.extend(sorted({op.name for op in ops}))
+    def _prepare(self, runner: Any, session: Any, ops: list[Any], queues: list[QueueInfo]) -> _PreparedClose | None:
         try:
-            fn = session._make_callable_from_options(options)
+            fn = prepare_callable(session, [op.name for op in ops])
         except Exception:
             log.debug("nbcoord: could not prepare the close of a runner's queues", exc_info=True)
             return None
-        return _PreparedClose(weakref.ref(runner), weakref.ref(session), fn)
+        if fn is None:
+            return None
+        return _PreparedClose(weakref.ref(runner), weakref.ref(session), fn, tuple(queues))
 
-    def before_session_close(self, session: Any, grace: float) -> None:
-        """Stop and join (within ``grace`` seconds) the runner threads bound to a session before it closes (S2)."""
-        if not session_is_open(session):
-            return
-        info = self.objects.session_info(session)
-        if info is not None:
-            info.closing = True
-            if info.lock.acquire(timeout=1.0):  # a poll in flight ends first
-                info.lock.release()
+    def session_runners(self, session: Any) -> list[threading.Thread]:
+        """The live runner threads bound to a session (other than the calling thread)."""
         me = threading.current_thread()
         runners = [r for r in self.objects.runners() if r.session_ref() is session and r.thread_ref() is not me]
-        if not runners:
-            return
+        return [t for r in runners if (t := r.thread_ref()) is not None]
+
+    def before_session_close(self, session: Any, grace: float) -> list[str]:
+        """Stop and join (within ``grace`` seconds) the runner threads bound to a session before it closes (S2),
+        without the one stop (the fallback when that cannot run); returns the names of those still running."""
+        threads = self.session_runners(session)
+        if not threads:
+            return []
         deadline = time.monotonic() + max(grace, 0.1)
-        threads = [t for r in runners if (t := r.thread_ref()) is not None]
-        self.stop_threads(threads, deadline)
+        self.stop_threads(threads, deadline, scope="session close")
         for thread in threads:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
-        left = [t.name for t in threads if t.is_alive()]
-        if left:
-            sid = info.sid if info is not None else "?"
-            log.warning("nbcoord: session %s closes with %d runner thread(s) still running: %s", sid, len(left), left)
+        return [t.name for t in threads if t.is_alive()]
 
     def restore_closed_types(self) -> None:
         """Give runners whose threads have all ended their own queue-closed exception types back."""
         busy = {id(r.runner_ref()) for r in self.objects.runners()}
         for runner, types in list(self._closed_types.items()):
             if id(runner) not in busy:
-                runner._queue_closed_exception_types = types
+                restore_closed_exception_types(runner, types)
                 self._closed_types.pop(runner, None)

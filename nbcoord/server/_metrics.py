@@ -1,0 +1,151 @@
+"""Prometheus metrics of every kernel, computed per scrape from one fresh view (a custom ``prometheus_client``
+collector that yields ``GaugeMetricFamily`` objects; nothing is cached between scrapes).
+
+Every kernel series carries ``kernel_id`` and ``notebook`` (its session's path, "" without one); a few carry one more
+label with a small, fixed set of values: ``state`` (thread states), ``gpu`` (device index), ``queue`` (at most 16
+queues per kernel) or ``status``. No label is per thread, so the number of series grows with kernels, not with
+threads. Kernels without nbcoord still have ``nbcoord_kernel_up``, ``nbcoord_kernel_info``, RSS, worker processes and
+GPU memory: those are read from outside.
+
+=========================================================  ==========================================================
+``nbcoord_kernels{status}``                                kernels by status (ok, no-nbcoord, not-answering, dead,
+                                                           error)
+``nbcoord_kernel_info{kernel_id,notebook,kernel_name,      1 per kernel; its status as a label
+status}``
+``nbcoord_kernel_up``                                      1 when the kernel process runs
+``nbcoord_kernel_answering``                               1 when nbcoord answered within the server's deadline
+``nbcoord_kernel_answer_seconds``                          how long it took to answer
+``nbcoord_kernel_rss_bytes``                               the kernel process's resident memory
+``nbcoord_kernel_gpu_memory_bytes{gpu}``                   GPU memory the kernel process holds, per device (NVML)
+``nbcoord_kernel_worker_gpu_memory_bytes{gpu}``            GPU memory its descendants hold, per device
+``nbcoord_kernel_worker_processes``                        descendants of the kernel process
+``nbcoord_kernel_threads{state}``                          live threads the cells started, by state (running,
+                                                           waiting, stopping)
+``nbcoord_kernel_own_threads``                             the kernel's own threads (never stopped)
+``nbcoord_kernel_zombie_threads``                          zombie threads
+``nbcoord_kernel_tasks``                                   tasks (where this nbcoord tracks them)
+``nbcoord_kernel_blocked_runs``                            runs blocked now (a session.run on an empty queue)
+``nbcoord_kernel_blocked_seconds``                         the longest of them, seconds
+``nbcoord_kernel_queue_fill_ratio{queue}``                 size / capacity of each bounded queue
+``nbcoord_kernel_thread_failures``                         thread failures recorded
+``nbcoord_kernel_last_stop_timestamp_seconds``             when the last stop began
+``nbcoord_kernel_last_stop_alive_threads``                 threads still alive after it
+``nbcoord_view_seconds``                                   how long this scrape's view took
+=========================================================  ==========================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from .._schema import THREAD_STATES
+from ._model import FleetView, KernelRow
+
+KERNEL_LABELS = ["kernel_id", "notebook"]
+STATUSES = ("ok", "no-nbcoord", "not-answering", "dead", "error")
+
+
+def _gauge(name: str, doc: str, extra: list[str] | None = None) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=[*KERNEL_LABELS, *(extra or [])])
+
+
+class FleetCollector(Collector):
+    """Yields the metric families of one view (made for the scrape that asked for it)."""
+
+    def __init__(self, view: FleetView) -> None:
+        self._view = view
+
+    def describe(self) -> list[Any]:
+        """Nothing to describe ahead of a scrape: the families depend on the kernels there are."""
+        return []
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        """Every family, computed from the view."""
+        rows = self._view["kernels"]
+        yield self._by_status(rows)
+        families = _Families()
+        for row in rows:
+            families.add(row)
+        yield from families.all()
+        took = GaugeMetricFamily("nbcoord_view_seconds", "How long the view of every kernel took for this scrape.")
+        took.add_metric([], self._view["took_ms"] / 1000.0)
+        yield took
+
+    @staticmethod
+    def _by_status(rows: list[KernelRow]) -> GaugeMetricFamily:
+        family = GaugeMetricFamily("nbcoord_kernels", "Kernels of this server, by status.", labels=["status"])
+        for status in STATUSES:
+            family.add_metric([status], sum(1 for row in rows if row["status"] == status))
+        return family
+
+
+class _Families:
+    """The per-kernel families, filled one kernel at a time."""
+
+    def __init__(self) -> None:
+        self.info = _gauge("nbcoord_kernel_info", "One per kernel; its status and kernel spec as labels.",
+                           ["kernel_name", "status"])
+        self.up = _gauge("nbcoord_kernel_up", "1 when the kernel process is running.")
+        self.answering = _gauge("nbcoord_kernel_answering",
+                                "1 when nbcoord in the kernel answered within the server's deadline.")
+        self.answer = _gauge("nbcoord_kernel_answer_seconds", "How long nbcoord took to answer.")
+        self.rss = _gauge("nbcoord_kernel_rss_bytes", "Resident memory of the kernel process.")
+        self.gpu = _gauge("nbcoord_kernel_gpu_memory_bytes", "GPU memory the kernel process holds, per device.",
+                          ["gpu"])
+        self.worker_gpu = _gauge("nbcoord_kernel_worker_gpu_memory_bytes",
+                                 "GPU memory the kernel's descendant processes hold, per device.", ["gpu"])
+        self.workers = _gauge("nbcoord_kernel_worker_processes", "Descendant processes of the kernel process.")
+        self.threads = _gauge("nbcoord_kernel_threads", "Live threads started by cells, by state.", ["state"])
+        self.own = _gauge("nbcoord_kernel_own_threads", "The kernel's own threads (never stopped by nbcoord).")
+        self.zombies = _gauge("nbcoord_kernel_zombie_threads",
+                              "Zombie threads: their cell failed or was interrupted, they ignored a stop, or their "
+                              "owner is closed.")
+        self.tasks = _gauge("nbcoord_kernel_tasks", "Tasks the kernel's cells left running.")
+        self.blocked = _gauge("nbcoord_kernel_blocked_runs", "Runs blocked now (e.g. a session run on an empty queue).")
+        self.blocked_s = _gauge("nbcoord_kernel_blocked_seconds", "The longest blocked run, seconds.")
+        self.fill = _gauge("nbcoord_kernel_queue_fill_ratio", "Size over capacity of a bounded queue.", ["queue"])
+        self.failures = _gauge("nbcoord_kernel_thread_failures", "Thread failures recorded by nbcoord.")
+        self.stop_at = _gauge("nbcoord_kernel_last_stop_timestamp_seconds", "When the kernel's last stop began.")
+        self.stop_alive = _gauge("nbcoord_kernel_last_stop_alive_threads",
+                                 "Threads still alive after the kernel's last stop.")
+
+    def add(self, row: KernelRow) -> None:
+        key = [row["id"], row["path"] or ""]
+        self.info.add_metric([*key, row["name"], row["status"]], 1)
+        self.up.add_metric(key, 0 if row["status"] == "dead" else 1)
+        self.answering.add_metric(key, 1 if row["status"] == "ok" else 0)
+        if row["answer_ms"] is not None:
+            self.answer.add_metric(key, row["answer_ms"] / 1000.0)
+        if row["rss"] is not None:
+            self.rss.add_metric(key, row["rss"])
+        for held in row["gpu"]:
+            self.gpu.add_metric([*key, str(held["index"])], held["bytes"])
+            self.worker_gpu.add_metric([*key, str(held["index"])], held["workers_bytes"])
+        if row["worker_processes"] is not None:
+            self.workers.add_metric(key, row["worker_processes"])
+        summary = row["nbcoord"]
+        if summary is None:
+            return
+        for state in THREAD_STATES:
+            self.threads.add_metric([*key, state], summary["threads_by_state"].get(state, 0))
+        self.own.add_metric(key, summary["kernel_threads"])
+        self.zombies.add_metric(key, summary["zombies"])
+        if summary["tasks"] is not None:
+            self.tasks.add_metric(key, summary["tasks"])
+        self.blocked.add_metric(key, summary["blocked_runs"])
+        self.blocked_s.add_metric(key, summary["blocked_seconds"])
+        for queue in summary["queues"]:
+            if queue["fill"] is not None:
+                self.fill.add_metric([*key, queue["name"]], queue["fill"])
+        self.failures.add_metric(key, summary["failures"])
+        last = summary["last_stop"]
+        if last is not None:
+            self.stop_at.add_metric(key, last["started_at"])
+            self.stop_alive.add_metric(key, last["alive"])
+
+    def all(self) -> Iterator[GaugeMetricFamily]:
+        yield from vars(self).values()

@@ -1,0 +1,169 @@
+"""TF2's default mode (S10): eager ``tf.queue`` queues, in real kernels on real TensorFlow (CPU build).
+
+Before nbcoord followed eager queues, Interrupt of a cell blocked in an eager ``q.dequeue()`` did nothing (only a
+kernel restart freed it), and a thread blocked in ``q.enqueue()`` on a full eager queue "ignored the stop request
+at gen_data_flow_ops.py ... queue_enqueue_v2", at ``%nbcoord stop`` and at shutdown alike.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import Kernel, wait_until
+from test_tensorflow import KERNEL_ENV, TF_KERNELS, collect_interrupted, marked_json, start_kernel
+
+pytestmark = [pytest.mark.kernel, pytest.mark.tensorflow]
+
+
+def run(kernel: Kernel, code: str, **kwargs: Any) -> Any:
+    return kernel.run(textwrap.dedent(code), **kwargs)
+
+
+@pytest.fixture(scope="module", params=TF_KERNELS)
+def eager_kernel(request: pytest.FixtureRequest) -> Iterator[Kernel]:
+    """A kernel in TensorFlow 2's default (eager) mode, nbcoord loaded first."""
+    k = start_kernel(request.param)
+    try:
+        run(k, "%load_ext nbcoord")
+        run(
+            k,
+            """
+            import json, threading, time
+            import nbcoord
+            import tensorflow as tf
+            assert tf.executing_eagerly()
+            """,
+        )
+        yield k
+    finally:
+        k.close()
+
+
+def test_eager_queues_are_registered_like_graph_ones(eager_kernel: Kernel) -> None:
+    result = run(
+        eager_kernel,
+        """
+        reg = tf.queue.FIFOQueue(10, tf.float32, name="registered")
+        for value in (1.0, 2.0, 3.0):
+            reg.enqueue(value)
+        unnamed = tf.queue.RandomShuffleQueue(8, 2, tf.int32)
+        rows = {r["name"]: r for r in nbcoord.snapshot()["queues"] if r["mode"] == "eager"}
+        print("@@" + json.dumps(rows))
+        """,
+    )
+    rows = marked_json(result)
+    row = rows["registered"]
+    assert (row["capacity"], row["size"], row["closed"], row["type"]) == (10, 3, False, "FIFOQueue"), row
+    assert row["cell"] is not None and row["session"] is None and row["polled"] is True
+    (shuffle,) = [r for name, r in rows.items() if name.startswith("RandomShuffleQueue q")]
+    assert (shuffle["capacity"], shuffle["size"]) == (8, 0)
+    report = run(eager_kernel, "%nbcoord").stdout
+    assert "registered: 3 of 10 (open" in report, report
+
+
+def test_interrupt_ends_a_main_thread_blocked_in_an_eager_dequeue(eager_kernel: Kernel, tmp_path: Path) -> None:
+    blocked = tmp_path / "blocked.json"
+    run(eager_kernel, "starved = tf.queue.FIFOQueue(10, tf.float32, name='starved')")
+    cell = eager_kernel.submit(
+        textwrap.dedent(
+            f"""
+            def spy():
+                while not (rows := nbcoord.snapshot()["blocked_runs"]):
+                    time.sleep(0.02)
+                with open({str(blocked)!r}, "w") as f:
+                    json.dump(rows, f)
+            threading.Thread(target=spy, name="spy", daemon=True).start()
+            starved.dequeue()
+            """
+        )
+    )
+    wait_until(lambda: blocked.exists() and blocked.stat().st_size > 0, 30, what="the blocked call in the snapshot")
+    (row,) = json.loads(blocked.read_text())
+    assert row["thread"] == "MainThread" and row["queue_name"] == "starved", row
+    assert "in dequeue of eager queue `starved` (0 of 10 elements, no live producer)" in row["text"], row
+    eager_kernel.interrupt()
+    result = collect_interrupted(eager_kernel, cell)
+    assert result.errors and result.errors[0]["ename"] == "KeyboardInterrupt", result.errors
+    sentence = result.errors[0]["evalue"]
+    assert "dequeue of eager queue `starved`" in sentence and "is now closed" in sentence, sentence
+    frames = "".join(result.errors[0]["traceback"])
+    assert "tensorflow/python" not in frames, "the traceback holds the cell's frames and nbcoord's one"
+    later = run(eager_kernel, "starved.enqueue(1.0)", allow_error=True)
+    assert later.errors and later.errors[0]["ename"] == "CancelledError"
+    text = "".join(later.errors[0]["traceback"])
+    assert "nbcoord: eager queue `starved` was closed" in text and "Interrupt" in text, text
+
+
+def test_stop_ends_threads_blocked_on_a_full_and_an_empty_eager_queue(eager_kernel: Kernel) -> None:
+    run(
+        eager_kernel,
+        """
+        full = tf.queue.FIFOQueue(2, tf.float32, name="full")
+        empty = tf.queue.FIFOQueue(2, tf.float32, name="empty")
+        def produce():
+            while True:
+                full.enqueue(1.0)
+        def consume():
+            while True:
+                empty.dequeue()
+        def polite():  # the user's own handling of a closed queue keeps working
+            try:
+                while True:
+                    full.enqueue(2.0)
+            except tf.errors.CancelledError:
+                print("polite producer ended on CancelledError")
+        empty.enqueue(0.0)
+        workers = [threading.Thread(target=f, name=f.__name__) for f in (produce, consume, polite)]
+        for w in workers:
+            w.start()
+        """,
+    )
+
+    def blocked() -> list[str]:
+        rows = eager_kernel.evaluate("[r['thread'] for r in nbcoord.snapshot()['blocked_runs']]")
+        return rows if {"produce", "consume", "polite"} <= set(rows) else []
+
+    wait_until(blocked, 20, interval=0.2, what="three threads blocked on eager queues")
+    stop = run(eager_kernel, "%nbcoord stop").stdout
+    assert "3 stopped, 0 still alive" in stop, stop
+    assert eager_kernel.evaluate("[w.is_alive() for w in workers]") == [False, False, False]
+    after = run(eager_kernel, "print('next')")
+    assert "failed" not in after.stderr, "a thread nbcoord stopped is reported as stopped, not as failed"
+    failures = eager_kernel.evaluate("[f['thread_name'] for f in nbcoord.snapshot()['failures']]")
+    assert not {"produce", "consume", "polite"} & set(failures), failures
+    rows = {r["name"]: r for r in eager_kernel.evaluate("nbcoord.snapshot()['queues']")}
+    assert rows["full"]["closed"] and rows["empty"]["closed"]
+
+
+@pytest.mark.parametrize("python", TF_KERNELS)
+def test_shutdown_with_a_thread_blocked_on_a_full_eager_queue_exits_cleanly(python: str) -> None:
+    k = Kernel(python=python, env=KERNEL_ENV)
+    try:
+        run(k, "%load_ext nbcoord")
+        run(
+            k,
+            """
+            import threading
+            import tensorflow as tf
+            q = tf.queue.FIFOQueue(2, tf.float32)
+            def produce():
+                while True:
+                    q.enqueue(1.0)
+            producer = threading.Thread(target=produce, name="producer")  # non-daemon
+            producer.start()
+            """,
+        )
+        wait_until(lambda: k.evaluate("int(q.size())") == 2, 20, what="the queue to fill")
+        started = time.monotonic()
+        k.request_shutdown()
+        status = k.wait_exit(timeout=2.5)
+        print(f"kernel exited with {status} in {time.monotonic() - started:.2f} s")
+        assert status == 0
+    finally:
+        k.close()

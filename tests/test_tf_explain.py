@@ -1,0 +1,165 @@
+"""TensorFlow's own errors, explained in one sentence in the cell that sees them (S7), on real TensorFlow.
+
+The sentence is a note on TensorFlow's exception: the traceback of the cell shows it under the error; code that
+catches the error never pays for it. Before, the errors said what failed and never why.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from helpers import Kernel
+from test_tensorflow import TF_KERNELS, start_kernel
+
+pytestmark = [pytest.mark.kernel, pytest.mark.tensorflow]
+
+
+def run(kernel: Kernel, code: str, **kwargs: Any) -> Any:
+    return kernel.run(textwrap.dedent(code), **kwargs)
+
+
+def note(result: Any) -> str:
+    """The nbcoord note under the error a cell ended with (ANSI colours removed)."""
+    assert result.errors, result.text
+    text = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(result.errors[0]["traceback"]))
+    found = [line for line in text.splitlines() if line.startswith("nbcoord: ")]
+    assert len(found) == 1, text
+    return found[0]
+
+
+def next_cell(kernel: Kernel) -> int:
+    """The number the next cell will have (the cell that asks is ``len(In) - 1``)."""
+    number: int = kernel.evaluate("len(In)")
+    return number
+
+
+def last_cell(kernel: Kernel) -> int:
+    """The number of the cell before the one that asks."""
+    return next_cell(kernel) - 2
+
+
+@pytest.fixture(scope="module", params=TF_KERNELS)
+def kernel(request: pytest.FixtureRequest) -> Iterator[Kernel]:
+    k = start_kernel(request.param)
+    try:
+        run(k, "%load_ext nbcoord")
+        run(
+            k,
+            """
+            import json, threading, time
+            import nbcoord
+            import tensorflow as tf
+            tf.compat.v1.disable_eager_execution()
+            tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
+            """,
+        )
+        yield k
+    finally:
+        k.close()
+
+
+def test_a_queue_closed_by_a_coordinators_stop(kernel: Kernel) -> None:
+    run(
+        kernel,
+        """
+        fed = tf.compat.v1.FIFOQueue(5, tf.float32, name="fed")
+        qr = tf.compat.v1.train.QueueRunner(fed, [fed.enqueue(1.0)])
+        sess = tf.compat.v1.Session()
+        coord = tf.compat.v1.train.Coordinator()
+        threads = qr.create_threads(sess, coord=coord, start=True)
+        """,
+    )
+    stopped_in = next_cell(kernel)
+    run(kernel, "coord.request_stop(); coord.join(threads)")
+    result = run(kernel, "for _ in range(6):\n    sess.run(fed.dequeue())", allow_error=True)
+    assert result.errors[0]["ename"] == "OutOfRangeError"
+    sentence = note(result)
+    assert sentence.startswith("nbcoord: queue `fed` was closed "), sentence
+    assert (
+        "by QueueRunner `fed` when Coordinator c" in sentence
+        and f"was asked to stop by the main thread in cell [{stopped_in}]" in sentence
+    ), sentence
+    run(kernel, "sess.close()")
+
+
+def test_a_queue_closed_by_nbcoords_stop_and_by_a_close_op(kernel: Kernel) -> None:
+    run(
+        kernel,
+        """
+        stopped = tf.compat.v1.FIFOQueue(5, tf.float32, name="stopped")
+        by_user = tf.compat.v1.FIFOQueue(5, tf.float32, name="by_user")
+        close_it = by_user.close()
+        qr = tf.compat.v1.train.QueueRunner(stopped, [stopped.enqueue(1.0)])
+        sess = tf.compat.v1.Session()
+        threads = qr.create_threads(sess, start=True)
+        """,
+    )
+    stop_cell = next_cell(kernel)
+    run(kernel, "nbcoord.stop_all(grace=2.0)")
+    result = run(kernel, "for _ in range(6):\n    sess.run(stopped.dequeue())", allow_error=True)
+    sentence = note(result)
+    assert "queue `stopped` was closed" in sentence, sentence
+    assert f"by nbcoord's stop (the stop of all, run in cell [{stop_cell}])" in sentence, sentence
+    close_cell = next_cell(kernel)
+    run(kernel, "sess.run(close_it)")
+    result = run(kernel, "sess.run(by_user.dequeue())", allow_error=True)
+    assert note(result).endswith(f"queue `by_user` was closed just now by a close op run in cell [{close_cell}].")
+    quiet = run(kernel, "try:\n    sess.run(by_user.dequeue())\nexcept tf.errors.OutOfRangeError:\n    print('caught')")
+    assert quiet.stdout.strip() == "caught" and "nbcoord" not in quiet.text, "caught errors print nothing"
+    run(kernel, "sess.close()")
+
+
+def test_a_dequeue_that_times_out_names_the_fill_level_and_the_missing_runner(kernel: Kernel) -> None:
+    run(
+        kernel,
+        """
+        nobody = tf.compat.v1.FIFOQueue(5, tf.float32, name="nobody")
+        enq = nobody.enqueue(1.0)  # an enqueue op alone is not a runner
+        sess = tf.compat.v1.Session()
+        """,
+    )
+    result = run(
+        kernel,
+        "sess.run(nobody.dequeue(), options=tf.compat.v1.RunOptions(timeout_in_ms=200))",
+        allow_error=True,
+    )
+    assert result.errors[0]["ename"] == "DeadlineExceededError"
+    assert note(result) == (
+        "nbcoord: dequeue of queue `nobody` timed out: it held 0 of 5 elements, and no QueueRunner feeds it (an "
+        "enqueue op alone is not a runner; start_queue_runners starts those added with add_queue_runner)."
+    )
+    run(kernel, "sess.close()")
+
+
+def test_a_thread_that_outlives_its_with_session(kernel: Kernel) -> None:
+    """A feeding thread (not a QueueRunner: those nbcoord stops before the session closes) keeps running after
+    the ``with`` block closed its session; its coordinator re-raises the error in the cell that joins it."""
+    result = run(
+        kernel,
+        """
+        q = tf.compat.v1.FIFOQueue(5, tf.float32, name="outlived")
+        enq = q.enqueue(1.0)
+        coord = tf.compat.v1.train.Coordinator()
+        def feed(sess):
+            try:
+                while not coord.should_stop():
+                    sess.run(enq)
+                    time.sleep(0.01)
+            except Exception as e:
+                coord.request_stop(e)
+        with tf.compat.v1.Session() as sess:
+            feeder = threading.Thread(target=feed, args=(sess,), name="feeder")
+            feeder.start()
+            time.sleep(0.1)
+        coord.join([feeder])
+        """,
+        allow_error=True,
+    )
+    cell = last_cell(kernel)
+    sentence = note(result)
+    assert sentence.startswith(f"nbcoord: thread 'feeder' (started in cell [{cell}]) used Session s"), sentence
+    assert sentence.endswith(f"after the `with` block in cell [{cell}] closed it, while it ran."), sentence
