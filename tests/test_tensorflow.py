@@ -1,4 +1,5 @@
-"""The TensorFlow integration, scenario by scenario (S1-S8, as the demo notebooks under notebooks/ name them), with real TensorFlow in graph mode.
+"""The TensorFlow integration, scenario by scenario (S1-S8, as the demo notebooks name them), with real TensorFlow
+in graph mode.
 
 Three real kernels: one shared by most tests (nbcoord loaded first, TensorFlow imported later in the same cell
 as the first Session), one where TensorFlow and its objects exist before the load (found by the scan; unload
