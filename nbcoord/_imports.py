@@ -136,8 +136,9 @@ def _drop_finder(finder: _PostImportFinder) -> None:
 
 
 def _is_initializing(module: ModuleType) -> bool:
-    spec = getattr(module, "__spec__", None)
-    return bool(getattr(spec, "_initializing", False))
+    from ._internals import is_initializing
+
+    return is_initializing(module)
 
 
 def when_imported(name: str, callback: ImportCallback) -> Callable[[], None]:

@@ -12,9 +12,19 @@ back, for the report. Tests remove each internal (monkeypatch) and check the fal
 - ``atexit._run_exitfuncs``: the atexit work before ending at once; else only the streams are flushed.
 - ``PyThreadState_SetAsyncExc`` (C API, through ctypes): a forced stop; else such threads are reported unstoppable.
 - ``shell.displayhook.exec_result`` (IPython): the cell running while nbcoord loads; else that cell is not known.
+- ``ThreadPoolExecutor._thread_name_prefix`` / ``_shutdown``: an executor owner's label and whether it is shut
+  down; else a generic label, and never shut down (its threads are not called zombies for it).
+- ``sys._getframe`` / ``sys._current_frames``: who starts a thread, and where each thread is (state, stacks,
+  activity); else no creation stacks or executor owners, and every thread's state is unknown (no stacks).
+- ``ModuleSpec._initializing`` (importlib): whether a module in ``sys.modules`` is still being imported (the
+  post-import hook then waits for the end of its import); else a module found there counts as imported.
 
-The ipykernel internals of the panel's fast route are in :mod:`nbcoord._fastcomm` (each route says why it is not
-available), and TensorFlow's in :mod:`nbcoord.integrations`.
+Elsewhere, each in one place with its own table: ipykernel's names for the panel's fast route in
+:mod:`nbcoord._fastcomm` (``shell_channel_thread``, ``shell_stream._recv_callback``, ``control_handlers``,
+``control_thread``; fallback: the ordinary widget message, handled when the cell ends) and for the server's
+requests in :mod:`nbcoord._control` (fallback: the server shows what it sees from outside); TensorFlow's in
+:mod:`nbcoord.integrations._tf_internals`. ``%nbcoord`` lists what fell back (:func:`degraded`, with the routes).
+
 """
 
 from __future__ import annotations
@@ -27,7 +37,7 @@ import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from types import CodeType
+from types import CodeType, FrameType
 from typing import Any
 
 log = logging.getLogger("nbcoord")
@@ -171,3 +181,51 @@ def running_cell(shell: Any) -> tuple[int, str | None, str] | None:
     cell_id = getattr(info, "cell_id", None)
     source = getattr(info, "raw_cell", "")
     return count, cell_id if isinstance(cell_id, str) else None, source if isinstance(source, str) else ""
+
+
+def executor_name(executor: object) -> str:
+    """The thread-name prefix a ``ThreadPoolExecutor`` was given, for its owner label. Fallback: its class name."""
+    if not hasattr(executor, "_thread_name_prefix"):
+        _fall_back("ThreadPoolExecutor._thread_name_prefix", "executor owners get a generic label")
+    return str(getattr(executor, "_thread_name_prefix", "") or type(executor).__name__)
+
+
+def executor_shut_down(executor: object) -> bool:
+    """Whether a ``ThreadPoolExecutor`` was shut down. Fallback: False (never called closed)."""
+    if not hasattr(executor, "_shutdown"):
+        _fall_back("ThreadPoolExecutor._shutdown", "an executor's threads are not called zombies when it shuts down")
+        return False
+    return bool(executor._shutdown)
+
+
+def frame_getter() -> Callable[[int], FrameType] | None:
+    """``sys._getframe`` (the frame ``depth`` calls up), looked up once by the Thread.start patch at install.
+    Fallback: None (threads are registered without a creation stack or an executor owner)."""
+    getframe: Callable[[int], FrameType] | None = getattr(sys, "_getframe", None)
+    if getframe is None:
+        _fall_back("sys._getframe", "threads are registered without where they were started")
+    return getframe
+
+
+def calling_frame(depth: int = 1) -> FrameType | None:
+    """The frame ``depth`` calls above the caller (1: the caller's caller). Fallback: None."""
+    getframe = frame_getter()
+    return getframe(depth + 1) if getframe is not None else None
+
+
+def current_frames() -> dict[int, FrameType]:
+    """Each running thread's current frame, by ident. Fallback: {} (states unknown, no stacks)."""
+    frames = getattr(sys, "_current_frames", None)
+    if frames is None:
+        _fall_back("sys._current_frames", "thread states, stacks and activity are unknown")
+        return {}
+    result: dict[int, FrameType] = frames()
+    return result
+
+
+def is_initializing(module: object) -> bool:
+    """Whether a module found in ``sys.modules`` is still being imported. Fallback: False (taken as imported)."""
+    spec = getattr(module, "__spec__", None)
+    if spec is not None and not hasattr(spec, "_initializing"):
+        return False  # importlib sets it only during an import: its absence means done
+    return bool(getattr(spec, "_initializing", False))

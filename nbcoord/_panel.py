@@ -29,7 +29,6 @@ import dataclasses
 import json
 import logging
 import math
-import sys
 import threading
 import time
 import weakref
@@ -56,6 +55,8 @@ from ._stop import StopReport
 from ._threads import INTERNAL_PREFIX
 
 __all__ = ["COMMAND_TYPES", "Command", "NBCoordPanel", "PanelController", "Rejected", "panel_for", "parse_command"]
+
+from ._internals import current_frames
 
 log = logging.getLogger("nbcoord")
 
@@ -529,18 +530,23 @@ class PanelController:
         self._had_view = False
         kernel = getattr(extension.shell, "kernel", None)
         self.route = _fastcomm.install(kernel, self._from_fast_route, types=COMMAND_TYPES)
-        if self.route.reason is not None:
-            extension.degraded_routes["the panel's fast route"] = f"{self.route.reason}; Stop acts when the cell ends"
-        initial = self._state()
-        self._resources: dict[str, Any] | None = initial["resources"]
-        self._sent = dict(initial)
-        self._sent_size = {key: len(_json(value)) for key, value in initial.items()}
-        self.widget = NBCoordPanel(self._text_form, self._displayed, **initial)
-        self.widget.on_msg(self._from_widget)
-        comm_id = getattr(getattr(self.widget, "comm", None), "comm_id", None)
-        if isinstance(comm_id, str):
-            self.route.add_comm(comm_id)
-        self.widget._fast_route = {"kind": self.route.kind, "comm_id": comm_id}
+        try:
+            if self.route.reason is not None:
+                why = f"{self.route.reason}; Stop acts when the cell ends"
+                extension.degraded_routes["the panel's fast route"] = why
+            initial = self._state()
+            self._resources: dict[str, Any] | None = initial["resources"]
+            self._sent = dict(initial)
+            self._sent_size = {key: len(_json(value)) for key, value in initial.items()}
+            self.widget = NBCoordPanel(self._text_form, self._displayed, **initial)
+            self.widget.on_msg(self._from_widget)
+            comm_id = getattr(getattr(self.widget, "comm", None), "comm_id", None)
+            if isinstance(comm_id, str):
+                self.route.add_comm(comm_id)
+            self.widget._fast_route = {"kind": self.route.kind, "comm_id": comm_id}
+        except BaseException:
+            self.route.uninstall()  # a panel that could not be made leaves the kernel's shell stream as it was
+            raise
         self._sender = _Sender(self._tick, self._wait, self._watched)
         self._sender.start()
         self._remove_own_stopper = extension.add_own_stopper(self.stop_threads)
@@ -745,7 +751,7 @@ class PanelController:
         record = self.extension.registry.get(command.tid)
         if record is None:
             return
-        frame = sys._current_frames().get(record.ident) if record.ident is not None else None
+        frame = current_frames().get(record.ident) if record.ident is not None else None
         stack = {
             "tid": record.tid,
             "name": record.name,

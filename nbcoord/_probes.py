@@ -323,10 +323,11 @@ class _TfRead:
 
 
 def _tf_runtime_started() -> bool:
-    """Whether TensorFlow's eager context is initialised, asked without initialising it."""
-    context = sys.modules.get("tensorflow.python.eager.context")
-    ctx = getattr(context, "context_safe", lambda: None)()
-    return bool(getattr(ctx, "_initialized", False))
+    """Whether TensorFlow's eager context is initialised, asked without initialising it (its private names sit
+    with the integration's, in nbcoord/integrations/_tf_internals.py; that module imports nothing of TensorFlow)."""
+    from .integrations._tf_internals import eager_runtime_started
+
+    return eager_runtime_started()
 
 
 def _nvml_index(tf_index: int) -> int:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import sys
 import threading
 import time
 import traceback
@@ -24,7 +23,7 @@ from dataclasses import dataclass, field
 from types import CodeType, FrameType
 from typing import Any, Literal
 
-from ._internals import running_threads
+from ._internals import current_frames, running_threads
 
 log = logging.getLogger("nbcoord")
 
@@ -600,7 +599,7 @@ class Registry:
         # Only (code, line) of each thread: holding the frames themselves (through the lock, for the whole sample)
         # would keep what they refer to alive and let it be finalized later, in another thread (Keras' enqueuer,
         # whose __del__ then swallowed the main thread's KeyboardInterrupt).
-        frames = sys._current_frames()
+        frames = current_frames()
         where = {ident: (id(frame.f_code), frame.f_lineno) for ident, frame in frames.items()}
         del frames
         now = self._clock()

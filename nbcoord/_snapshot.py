@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import time
 from collections.abc import Callable
 from typing import Any, TypedDict
 
 from ._callbacks import Callbacks
+from ._internals import current_frames
 from ._registry import CellInfo, Registry, ThreadFailure, ThreadRecord
 
 log = logging.getLogger("nbcoord")
@@ -279,7 +279,7 @@ class SnapshotBuilder:
 
     def build(self, *, stacks: bool = False, include_internal: bool = False) -> Snapshot:
         """Take one snapshot. ``stacks`` adds every thread's current stack (slower)."""
-        frames = sys._current_frames()
+        frames = current_frames()
         # The innermost function of each thread, and the frames only while stacks are formatted: frames held
         # longer keep what they refer to alive, to be finalized later in this thread (see Registry.sample_activity).
         innermost = {ident: frame.f_code.co_name for ident, frame in frames.items()}

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -37,7 +36,7 @@ import psutil
 
 from . import _fork
 from ._callbacks import Callbacks
-from ._internals import raise_in_thread
+from ._internals import current_frames, raise_in_thread
 from ._registry import Registry, ThreadRecord
 from ._snapshot import CellOfFile, format_stack
 
@@ -363,7 +362,7 @@ def _force(records: list[ThreadRecord]) -> set[str]:
 def _outcomes(
     records: list[ThreadRecord], forced: set[str], cell_of: CellOfFile | None = None
 ) -> tuple[list[ThreadOutcome], list[ThreadOutcome]]:
-    frames = sys._current_frames()
+    frames = current_frames()
     stopped: list[ThreadOutcome] = []
     alive: list[ThreadOutcome] = []
     for record in records:

@@ -7,7 +7,6 @@ attribute, so ``threading.Thread`` stays the same class and subclasses that call
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -16,7 +15,7 @@ from types import CodeType, FrameType
 from typing import Any
 
 from ._callbacks import Callbacks
-from ._internals import executor_spawn_code
+from ._internals import executor_name, executor_shut_down, executor_spawn_code, frame_getter
 from ._registry import INTERNAL_PREFIX, Owner, Registry
 
 __all__ = ["INTERNAL_PREFIX", "Monitor", "ThreadHooks", "executor_owner", "owner_from_caller"]
@@ -29,10 +28,10 @@ _executor_spawn: CodeType | None = None
 
 def executor_owner(executor: ThreadPoolExecutor) -> Owner:
     """The owner entry of a ThreadPoolExecutor: closed once shut down; stopping cancels its pending work."""
-    prefix = getattr(executor, "_thread_name_prefix", "") or "ThreadPoolExecutor"
+    prefix = executor_name(executor)
 
     def is_shut_down(target: object) -> bool:
-        return bool(getattr(target, "_shutdown", False))
+        return executor_shut_down(target)
 
     def shut_down(target: object) -> None:
         if isinstance(target, ThreadPoolExecutor):
@@ -75,6 +74,7 @@ class ThreadHooks:
             return
         if _executor_spawn is None:
             _executor_spawn = executor_spawn_code()
+        getframe = frame_getter()
         registry = self._registry
         original_start = threading.Thread.start
         hooks = self
@@ -85,8 +85,8 @@ class ThreadHooks:
             entry = None
             if hooks._active:
                 try:
-                    caller = sys._getframe(1)
-                    executor = _executor_spawn is not None and caller.f_code is _executor_spawn
+                    caller = getframe(1) if getframe is not None else None
+                    executor = _executor_spawn is not None and caller is not None and caller.f_code is _executor_spawn
                     entry = registry.note_started(
                         thread, threading.current_thread(), caller, owner_from_caller(caller) if executor else None
                     )

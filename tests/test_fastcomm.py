@@ -552,9 +552,9 @@ def test_uninstall_restores_the_kernel(kernel: Kernel) -> None:
 
 
 @pytest.mark.kernel
+# The shell-channel route exists on ipykernel 7 only: this test runs there, and is not made for ipykernel 6.
+@pytest.mark.parametrize("kernel", [pytest.param((sys.executable, "ipykernel7"), id="ipykernel7")], indirect=True)
 def test_shell_route_chains_to_a_callback_installed_before_it(kernel: Kernel) -> None:
-    if kernel.name != "ipykernel7":
-        pytest.skip("the shell-channel route exists on ipykernel 7 only")
     kernel.run(CALLBACK_STATE)
     kernel.run(
         """

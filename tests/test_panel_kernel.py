@@ -731,3 +731,31 @@ def test_the_same_state_is_sent_once(in_process: Any) -> None:
     wait_until(lambda: (controller._tick(), controller.widget.last_stop)[1], 10, what="the stop's report")
     assert controller.widget.last_stop["click_id"] == "once-1"
     assert controller.widget.last_stop["route"] == "ordinary"
+
+
+def test_a_panel_that_cannot_be_made_leaves_no_route_behind(in_process: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from nbcoord import _fastcomm
+
+    made: list[Any] = []
+    install = _fastcomm.install
+
+    def recording_install(*args: Any, **kwargs: Any) -> Any:
+        route = install(*args, **kwargs)
+        uninstall = route.uninstall
+
+        def counted() -> None:
+            made.append("uninstalled")
+            uninstall()
+
+        route.uninstall = counted  # type: ignore[method-assign]
+        made.append(route)
+        return route
+
+    def broken(*_args: Any, **_kwargs: Any) -> Any:
+        raise RuntimeError("the widget could not be made")
+
+    monkeypatch.setattr(_fastcomm, "install", recording_install)
+    monkeypatch.setattr(_panel, "NBCoordPanel", broken)
+    with pytest.raises(RuntimeError, match="could not be made"):
+        _panel.controller_for(in_process)
+    assert made[1:] == ["uninstalled"], made

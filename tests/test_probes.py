@@ -663,3 +663,27 @@ def test_tensorflow_not_started_is_not_read(nvml: Any, monkeypatch: pytest.Monke
     assert res["gpu"]["devices"][0]["tf_peak"] is None and res["host"]["tf_cpu_peak"] is None
     nvml.reset([])  # and on a machine without a GPU, nothing to say
     assert sample(ResourceProbe(nvml=nvml))["gpu"]["tf_note"] is None
+
+
+def test_a_failing_read_is_logged_once_however_many_threads_meet_it(caplog: pytest.LogCaptureFixture) -> None:
+    import threading
+    import time as _time
+
+    class SlowSet(set[str]):
+        def __contains__(self, item: object) -> bool:
+            _time.sleep(0.01)  # widen the window between the check and the add
+            return super().__contains__(item)
+
+    probe = ResourceProbe(nvml=None)
+    probe._logged = SlowSet()
+
+    def broken() -> int:
+        raise OSError("proc is gone")
+
+    threads = [threading.Thread(target=probe._guard, args=("rss", broken, 0)) for _ in range(10)]
+    with caplog.at_level("WARNING", logger="nbcoord"):
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(5)
+    assert sum("reading rss failed" in r.getMessage() for r in caplog.records) == 1

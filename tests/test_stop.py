@@ -495,3 +495,32 @@ def test_a_forked_child_stops_nothing(
     report = stopper.stop("all", grace=0.5, force=True)
     assert report["stopped"] == [] and "forked child" in report["stopper_errors"][0]["error"]
     assert worker.is_alive() and record.stop_requested_at is None
+
+
+def test_stoppers_added_and_removed_while_stops_run(registry: Registry, stopper: StopMechanism) -> None:
+    # The table of stoppers is changed by other threads (integrations installing, on_stop removers) while a stop
+    # iterates it: no stop may fail for it, and a stopper present for the whole run runs.
+    ran: list[str] = []
+    stopper.add_stopper("steady", lambda scope: ran.append("steady"))
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def churn(n: int) -> None:
+        try:
+            while not done.is_set():
+                remove = stopper.add_stopper(f"churn-{n}", lambda scope: time.sleep(0.0005))
+                remove()
+        except BaseException as exc:  # the test reports whatever broke
+            errors.append(exc)
+
+    workers = [threading.Thread(target=churn, args=(n,), daemon=True) for n in range(4)]
+    for worker in workers:
+        worker.start()
+    try:
+        reports = [stopper.stop("all", grace=0.2) for _ in range(30)]
+    finally:
+        done.set()
+        for worker in workers:
+            worker.join(5)
+    assert errors == [] and ran == ["steady"] * 30
+    assert all(report["stopper_errors"] == [] for report in reports)

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from .._internals import calling_frame
 from .._registry import Registry
 from ._tf_blocked import plural, seconds
 from ._tf_graph import QueueUse, RunAnalyzer, queue_use, run_op_names
@@ -276,12 +277,11 @@ def run_names(fetch_list: Any, target_list: Any) -> tuple[str, ...]:
 
 def called_from(code: Callable[..., Any] | None, depth: int = 16) -> bool:
     """Whether the calling stack (within ``depth`` frames) runs ``code`` (a function)."""
-    import sys
 
     target = getattr(code, "__code__", None)
     if target is None:
         return False
-    frame: Any = sys._getframe(1)
+    frame: Any = calling_frame(1)
     for _ in range(depth):
         if frame is None:
             return False

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ._tf_internals import op_name_function
+from ._tf_internals import op_name_function, queue_ref
 
 log = logging.getLogger("nbcoord")
 
@@ -100,7 +100,7 @@ class QueueUse:
 
 def graph_of(queue: Any) -> Any | None:
     """The graph of a graph-mode queue, or None (eager queues, queues built inside a function)."""
-    ref = getattr(queue, "_queue_ref", None)
+    ref = queue_ref(queue)
     try:
         graph = ref.graph  # type: ignore[union-attr]
         op = ref.op  # type: ignore[union-attr]

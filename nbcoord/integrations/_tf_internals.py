@@ -33,6 +33,11 @@ Public API is used wherever TensorFlow has one: ``tf.queue.QueueBase``, ``tf.com
 - ``BaseSession._target``: the session's target, for the report. Fallback: empty.
 - The local variables of TensorFlow's queue constructors (``capacity``, ``name``, ``min_after_dequeue``): an
   eager queue's op keeps no attributes to read them from. Fallback: capacity unknown, a generic name.
+- ``QueueBase._queue_ref``: a graph-mode queue's handle tensor, whose op and graph nbcoord polls. Fallback: the
+  queue is not polled (no fill level).
+- ``context.context_safe()._initialized`` (module ``tensorflow.python.eager.context``): whether TensorFlow's eager
+  runtime has started, asked without starting it (the resource probe reads allocator figures only then).
+  Fallback: not started (no allocator figures).
 - ``Thread._target`` / ``_args`` / ``_kwargs`` (CPython): what a thread runs, to find its coordinator and to
   recognise pre-existing runner threads. Fallback: nothing is found that way.
 """
@@ -328,3 +333,29 @@ def thread_call(thread: threading.Thread) -> tuple[Any, tuple[Any, ...], dict[st
         tuple(getattr(thread, "_args", ()) or ()),
         dict(getattr(thread, "_kwargs", None) or {}),
     )
+
+
+def queue_ref(queue: Any) -> Any | None:
+    """A graph-mode queue's handle tensor. Fallback: None (the queue is not polled)."""
+    if not hasattr(queue, "_queue_ref"):
+        _fall_back("QueueBase._queue_ref", "graph-mode queues are not polled (no fill level)")
+        return None
+    return queue._queue_ref
+
+
+def eager_runtime_started() -> bool:
+    """Whether TensorFlow's eager context is initialised, asked without initialising it (and without importing
+    TensorFlow). Fallback: False (allocator figures are not read)."""
+    import sys
+
+    context = sys.modules.get("tensorflow.python.eager.context")
+    if context is None:
+        return False
+    context_safe = getattr(context, "context_safe", None)
+    ctx = context_safe() if callable(context_safe) else None
+    if ctx is None:
+        return False
+    if not hasattr(ctx, "_initialized"):
+        _fall_back("eager Context._initialized", "TensorFlow's allocator figures are not read")
+        return False
+    return bool(ctx._initialized)

@@ -24,7 +24,6 @@ import inspect
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 import weakref
@@ -32,6 +31,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
+
+from .._internals import current_frames
 
 log = logging.getLogger("nbcoord")
 
@@ -235,7 +236,7 @@ def warm_traceback(frames: Iterable[FrameType]) -> int:
 
 def frames_to(thread: threading.Thread, keep: Callable[[str], bool]) -> list[FrameType]:
     """The frames of a thread's current stack whose file ``keep`` accepts, outermost first."""
-    frame: FrameType | None = sys._current_frames().get(thread.ident or -1)
+    frame: FrameType | None = current_frames().get(thread.ident or -1)
     frames: list[FrameType] = []
     while frame is not None:
         if keep(frame.f_code.co_filename):

@@ -52,6 +52,7 @@ from typing import Any
 
 from .._fork import on_fork_child
 from .._imports import when_imported
+from .._internals import calling_frame
 from .._registry import Owner
 from ._tf_blocked import BLOCKED_AFTER_S, BlockedRuns
 from ._tf_eager import DEQUEUE_METHODS, ENQUEUE_METHODS, EagerQueues, as_stopped
@@ -263,7 +264,7 @@ class TensorFlowIntegration:
             original(queue, *args, **kwargs)
             if integration.active:
                 try:
-                    integration.queue_created(queue, sys._getframe(1))
+                    integration.queue_created(queue, calling_frame(1))
                 except Exception:
                     log.warning("nbcoord: could not register %s", type(queue).__name__, exc_info=True)
 
@@ -276,7 +277,7 @@ class TensorFlowIntegration:
             original(coord, *args, **kwargs)
             if integration.active:
                 try:
-                    maker = sys._getframe(1).f_code.co_filename
+                    maker = getattr(getattr(calling_frame(1), "f_code", None), "co_filename", "")
                     integration.objects.add_coordinator(coord, tensorflow_made=maker.startswith(integration._tf_dir))
                 except Exception:
                     log.warning("nbcoord: could not register a Coordinator", exc_info=True)
@@ -309,7 +310,7 @@ class TensorFlowIntegration:
         def close(session: Any) -> Any:
             if integration.active:
                 try:
-                    integration.before_session_close(session, sys._getframe(1))
+                    integration.before_session_close(session, calling_frame(1))
                 except Exception:
                     log.warning("nbcoord: stopping the runner threads of a closing session failed", exc_info=True)
             try:
