@@ -22,7 +22,7 @@ from ._callbacks import Callbacks
 from ._config import NBCoord
 from ._internals import abandon_thread, exit_now, running_cell
 from ._probes import CellWindow, ResourceProbe, Resources, thread_cpu_seconds
-from ._registry import CellOutcome, Registry
+from ._registry import CellInfo, CellOutcome, Registry
 from ._shutdown import ShutdownHooks
 from ._snapshot import Snapshot, SnapshotBuilder
 from ._stop import ScopeKind, StopMechanism, StopReport, StopScope, ThreadStopped
@@ -83,6 +83,8 @@ class Extension:
         self._user_stopper_cells: dict[str, int | None] = {}
         self._own_stoppers: Callbacks[Callable[[], None]] = Callbacks()
         self._callback_ids = itertools.count(1)
+        # Parts that follow cells (the memory ledger, output routing): called with the CellInfo at start and end.
+        self._cell_listeners: Callbacks[Callable[[str, CellInfo], None]] = Callbacks()
         self._cpu_cursor = 0
         self._undo: list[Callable[[], None]] = []
         self._first_count = _ipython_major() >= 9
@@ -162,9 +164,33 @@ class Extension:
             count = self.shell.execution_count
             if self._first_count and getattr(info, "store_history", False):
                 count -= 1  # IPython 9 counts the cell before pre_run_cell; 8 after it
-            self.registry.cell_started(count, getattr(info, "cell_id", None), getattr(info, "raw_cell", "") or "")
+            source = getattr(info, "raw_cell", "") or ""
+            cell = self.registry.cell_started(count, getattr(info, "cell_id", None), source)
+            self._tell_cell_listeners("started", cell)
         except Exception:
             log.warning("nbcoord: pre_run_cell hook failed", exc_info=True)
+
+    def add_cell_listener(self, name: str, listener: Callable[[str, CellInfo], None]) -> Callable[[], None]:
+        """Call ``listener("started" | "finished", cell)`` around every cell (on the main thread: keep it cheap);
+        returns the remover. A listener that fails is logged and never breaks the cell."""
+        return self._cell_listeners.add(name, listener)
+
+    def _tell_cell_listeners(self, event: str, cell: CellInfo) -> None:
+        for name, listener in self._cell_listeners.items():
+            try:
+                listener(event, cell)
+            except Exception:
+                log.warning("nbcoord: cell listener %r failed", name, exc_info=True)
+
+    def cell_of_caller(self) -> int | None:
+        """The cell the calling code belongs to: the running cell on the main thread, the cell that started the
+        calling thread elsewhere (for integrations attributing what they see created)."""
+        me = threading.current_thread()
+        if me is threading.main_thread():
+            current = self.registry.current_cell()
+            return current.execution_count if current is not None else None
+        record = self.registry.for_thread(me)
+        return record.cell.execution_count if record is not None and record.cell is not None else None
 
     def _post_run_cell(self, result: Any) -> None:
         try:
@@ -176,6 +202,7 @@ class Extension:
             cell = self.registry.cell_finished(count, outcome, error)
             if cell is None:
                 return
+            self._tell_cell_listeners("finished", cell)
             if outcome == "interrupted" and self.config.stop_on_interrupt:
                 self._stop_interrupted(cell.execution_count)
             elif outcome != "ok":

@@ -517,6 +517,30 @@ class Registry:
         reasons.sort(key=lambda reason: reason[1])
         return reasons
 
+    def item_zombie_reasons(
+        self,
+        cell: int | None,
+        grace_period: float,
+        *,
+        closed_at: float | None = None,
+        stop_requested_at: float | None = None,
+    ) -> list[tuple[ZombieReason, float]]:
+        """The same rules for something that is not a thread (a task, a pool): its cell was interrupted or failed,
+        its owner closed at ``closed_at`` while it runs, a stop asked at ``stop_requested_at`` was ignored; first
+        cause first. ``cell`` None: not the user's, never a zombie."""
+        info = self._cells.get(cell) if cell is not None else None
+        if cell is None:
+            return []
+        reasons: list[tuple[ZombieReason, float]] = []
+        if info is not None and info.ended_at is not None and info.outcome in ("interrupted", "error"):
+            reasons.append(("cell-interrupted" if info.outcome == "interrupted" else "cell-error", info.ended_at))
+        if closed_at is not None:
+            reasons.append(("owner-closed", closed_at))
+        if stop_requested_at is not None and self._clock() - stop_requested_at > grace_period:
+            reasons.append(("stop-ignored", stop_requested_at))
+        reasons.sort(key=lambda reason: reason[1])
+        return reasons
+
     def zombie_reason(
         self, record: ThreadRecord, grace_period: float, *, alive: bool | None = None
     ) -> ZombieReason | None:

@@ -107,6 +107,7 @@ def report(
         lines += threads_section(snapshot, threads, stacks=stacks, limit=limit)
     else:
         lines.append("No threads started since nbcoord was loaded." if not show_all else "No threads.")
+    lines += ledger_section(snapshot)
     lines += queues_section(snapshot)
     lines += blocked_section(snapshot)
     lines += failures_section(snapshot)
@@ -135,6 +136,29 @@ def zombies_report(snapshot: Snapshot, *, stacks: bool = False) -> str:
     lines += threads_section(snapshot, zombies, stacks=stacks, limit=10_000)
     lines.append("Stop them with: %nbcoord stop --zombies")
     return "\n".join(lines)
+
+
+def ledger_section(snapshot: Snapshot) -> list[str]:
+    """What cells left running besides threads (tasks, pools, data loaders), by cell, zombies first."""
+    rows = sorted(
+        snapshot["ledger"],
+        key=lambda r: (r["zombie"] is None, r["cell"] if r["cell"] is not None else 1 << 30, r["started_at"]),
+    )
+    if not rows:
+        return []
+    now = time.time()
+    lines = ["Also running:"]
+    for row in rows:
+        where = f"cell [{row['cell']}]" if row["cell"] is not None else "not started by a cell"
+        parts = [f"{row['id']:>8}  {row['label']}", row["state"], where]
+        if row["zombie"]:
+            parts.append(f"ZOMBIE: {zombie_text(row['zombie_reasons'], row['cell'], now)}")
+        if row["pids"]:
+            parts.append(f"processes {', '.join(map(str, row['pids'][:8]))}" + (" ..." if len(row["pids"]) > 8 else ""))
+        if row["detail"]:
+            parts.append(row["detail"])
+        lines.append("  " + " | ".join(parts))
+    return lines
 
 
 def queues_section(snapshot: Snapshot) -> list[str]:
@@ -248,6 +272,10 @@ def stop_summary(stop: StopReport | dict[str, Any]) -> str:
     """One line about a stop."""
     alive = stop["alive"]
     text = f"{len(stop['stopped'])} stopped, {len(alive)} still alive, in {stop['took_s'] * 1000:.0f} ms"
+    items = stop.get("items") or []
+    if items:
+        ended = sum(1 for item in items if item["stopped"])
+        text += f"; {ended} other item(s) stopped, {len(items) - ended} alive"
     children = stop["children"]
     if children["terminated"] or children["killed"]:
         text += f"; child processes: {len(children['terminated'])} terminated, {len(children['killed'])} killed"
@@ -261,6 +289,10 @@ def stop_report(stop: StopReport) -> str:
         lines.append(f"  stopped: {row['name']} ({row['tid']})" + (" [forced]" if row["reason"] == "forced" else ""))
     for row in stop["alive"]:
         lines.append(f"  STILL ALIVE: {row['name']} ({row['tid']}): {row['reason']}")
+    for item in stop.get("items", []):
+        state = "stopped" if item["stopped"] else "STILL ALIVE"
+        reason = f": {item['reason']}" if item["reason"] else ""
+        lines.append(f"  {state}: {item['label']} ({item['id']}){reason}")
     for err in stop["stopper_errors"]:
         lines.append(f"  stopper {err['stopper']} failed: {err['error']}")
     if stop["children"]["alive"]:

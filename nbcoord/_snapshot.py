@@ -77,6 +77,37 @@ class FailureRow(TypedDict):
     notes: list[str]  # what an integration added to explain the error (PEP 678 notes)
 
 
+class LedgerRow(TypedDict):
+    """Something a cell left running that is not a thread: an asyncio task, a process pool, a data loader's
+    workers, a child process. Integrations fill the ``ledger`` section (one module per kind under integrations/);
+    views show the rows with the threads of their cell."""
+
+    id: str  # issued by the kernel ("task-3", "pool-2"): the only ids commands may name
+    kind: str  # "task", "pool", "loader", "process", ...
+    label: str  # what it is, in words ("Task poll_forever()", "multiprocessing.Pool, 4 workers")
+    cell: int | None  # the cell that started it
+    state: str  # "running", "waiting", "cancelling", "done", ...
+    started_at: float
+    zombie: str | None  # the first reason, or None
+    zombie_reasons: list[ZombieReasonRow]  # every reason, first cause first
+    detail: str  # where it waits, or its role ("DataLoader worker 2 of cell [5]")
+    pids: list[int]  # its processes (a pool's workers), if any
+
+
+class CellMemoryRow(TypedDict):
+    """What a cell did to memory: this process's RSS and GPU memory before and after it, and the peak while it ran
+    (as sampled off the main thread)."""
+
+    cell: int
+    rss_before: int | None
+    rss_after: int | None
+    rss_peak: int | None
+    gpu_before: int | None  # this process, all devices together
+    gpu_after: int | None
+    gpu_peak: int | None
+    held: bool  # the growth is still there now
+
+
 class Snapshot(TypedDict):
     """The whole picture. Sections other than threads and cells are filled by registered sources."""
 
@@ -90,6 +121,8 @@ class Snapshot(TypedDict):
     queues: list[dict[str, Any]]
     blocked_runs: list[dict[str, Any]]
     sessions: list[dict[str, Any]]
+    ledger: list[LedgerRow]
+    cell_memory: list[CellMemoryRow]
     resources: dict[str, Any] | None
     last_stop: dict[str, Any] | None
 
@@ -97,7 +130,7 @@ class Snapshot(TypedDict):
 #: A source returns a partial snapshot: list sections are appended, other sections replaced.
 Source = Callable[[], dict[str, Any]]
 
-_LIST_SECTIONS = ("queues", "blocked_runs", "sessions")
+_LIST_SECTIONS = ("queues", "blocked_runs", "sessions", "ledger", "cell_memory")
 
 
 def cell_row(cell: CellInfo) -> CellRow:
@@ -311,10 +344,13 @@ class SnapshotBuilder:
             queues=[],
             blocked_runs=[],
             sessions=[],
+            ledger=[],
+            cell_memory=[],
             resources=None,
             last_stop=self.last_stop,
         )
         self._apply_sources(snapshot)
+        snapshot["zombie_count"] += sum(1 for row in snapshot["ledger"] if row["zombie"] is not None)
         return snapshot
 
     def _apply_sources(self, snapshot: Snapshot) -> None:

@@ -71,7 +71,8 @@ class StopScope:
         return max(0.0, self.deadline - time.monotonic())
 
 
-Stopper = Callable[[StopScope], None]
+#: A stopper may return the outcomes of the items (not threads) it stopped; they go into the report.
+Stopper = Callable[[StopScope], "list[ItemOutcome] | None"]
 ChildFinder = Callable[[ScopeKind, "int | None"], Sequence[psutil.Process]]
 
 
@@ -86,6 +87,17 @@ class ThreadOutcome(TypedDict):
 class StopperError(TypedDict):
     stopper: str
     error: str
+
+
+class ItemOutcome(TypedDict):
+    """What a stop did to something that is not a thread (a task, a pool, a data loader): stoppers return these."""
+
+    id: str
+    kind: str
+    label: str
+    cell: int | None
+    stopped: bool
+    reason: str | None  # why it is still alive, or how it was stopped
 
 
 class ChildOutcome(TypedDict):
@@ -105,6 +117,7 @@ class StopReport(TypedDict):
     alive: list[ThreadOutcome]
     stopper_errors: list[StopperError]
     children: ChildOutcome
+    items: list[ItemOutcome]
 
 
 @dataclass(frozen=True)
@@ -140,6 +153,7 @@ def _empty_report(request: StopRequest, grace: float, error: str) -> StopReport:
         alive=[],
         stopper_errors=[StopperError(stopper="stop", error=error)],
         children=ChildOutcome(terminated=[], killed=[], alive=[]),
+        items=[],
     )
 
 
@@ -270,7 +284,8 @@ class StopMechanism:
     ) -> StopReport:
         wall_start = time.time()
         self._registry.request_stop(scope.records)
-        errors = self._run_stoppers(scope)
+        items: list[ItemOutcome] = []
+        errors = self._run_stoppers(scope, items)
         errors += self._stop_owners(scope)
         children = list(self._find_children(scope.kind, scope.cell)) if self._find_children else []
         children = [child for child in children if child.pid != os.getpid()]
@@ -289,17 +304,20 @@ class StopMechanism:
             alive=alive,
             stopper_errors=errors,
             children=child_outcome,
+            items=items,
         )
         if alive:
             log.info("nbcoord: %d thread(s) still alive after stop: %s", len(alive), [a["name"] for a in alive])
         return report
 
-    def _run_stoppers(self, scope: StopScope) -> list[StopperError]:
+    def _run_stoppers(self, scope: StopScope, items: list[ItemOutcome]) -> list[StopperError]:
         stoppers = self._stoppers.items()
         errors: list[StopperError] = []
         for name, stopper in stoppers:
             try:
-                stopper(scope)
+                outcomes = stopper(scope)
+                if outcomes:
+                    items.extend(outcomes)
             except Exception as exc:  # one failing stopper must not keep the others from running
                 log.warning("nbcoord: stopper %r failed", name, exc_info=True)
                 errors.append(StopperError(stopper=name, error=f"{type(exc).__name__}: {exc}"))
