@@ -313,26 +313,32 @@ class SnapshotBuilder:
     def build(self, *, stacks: bool = False, include_internal: bool = False) -> Snapshot:
         """Take one snapshot. ``stacks`` adds every thread's current stack (slower)."""
         frames = current_frames()
-        # The innermost function of each thread, and the frames only while stacks are formatted: frames held
-        # longer keep what they refer to alive, to be finalized later in this thread (see Registry.sample_activity).
-        innermost = {ident: frame.f_code.co_name for ident, frame in frames.items()}
-        if not stacks:
-            frames.clear()
         records = self._registry.records(include_internal=include_internal)
         grace = self._grace_period()
-        # records() has just pruned the finished: every one is alive.
-        threads = [
-            self.thread_row(
-                r,
-                frames.get(r.ident) if r.ident is not None else None,
-                stacks=stacks,
-                grace=grace,
-                alive=True,
-                innermost=innermost.get(r.ident) if r.ident is not None else None,
-            )
-            for r in records
-        ]
+        threads: list[ThreadRow] = []
+        append = threads.append
+        # records() has just pruned the finished: every one is alive. The common case, a clean row whose state did
+        # not change, is inlined here (a copy of the last row): 1000 threads in well under a millisecond.
+        for record in records:
+            ident = record.ident
+            frame = frames.get(ident) if ident is not None else None
+            cached = record.row_cache
+            if (
+                cached is not None
+                and not stacks
+                and not record.row_dirty
+                and not record.owners
+                and record.stop_requested_at is None
+            ):
+                state = "finished" if frame is None else "waiting" if frame.f_code.co_name in _WAITING else "running"
+                if cached["state"] == state:
+                    append(cached.copy())  # type: ignore[arg-type]
+                    continue
+            append(self.thread_row(record, frame, stacks=stacks, grace=grace, alive=True))
+        # Frames held longer would keep what they refer to alive, to be finalized later in this thread (see
+        # Registry.sample_activity).
         frames.clear()
+        del frame
         snapshot = Snapshot(
             schema=SCHEMA_VERSION,
             taken_at=time.time(),
