@@ -46,6 +46,7 @@ PLAN: list[tuple[str, list[str], list[str]]] = [
     ("flood", [], ["--clicks", "10000"]),
     ("tf_interrupt", [], ["--quick"]),
     ("server", [], ["--quick"]),
+    ("output", [], ["--quick"]),
 ]
 PACKAGES = ("ipykernel", "ipython", "jupyter_client", "psutil", "tensorflow-cpu", "tensorflow")
 

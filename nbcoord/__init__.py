@@ -18,9 +18,15 @@ From then on every thread is registered with the cell that started it, and:
     show or change settings (also ``c.NBCoord.<name>`` in an IPython profile).
 ``%nbcoord panel``
     the live panel, with a Stop-all button that works while a cell is busy.
+``%nbcoord reclaim [--outputs]``
+    give back the memory the kernel keeps by accident (IPython's last exception and its frames; with
+    ``--outputs`` the output cache), ask the frameworks to release their caches, and list what is still held.
+
+What a background thread writes after its cell finished appears under that cell (``NBCoord.route_output``), and
+every cell's memory is kept in a ledger (``%nbcoord mem``).
 
 From Python: :func:`snapshot`, :func:`stop_all`, :func:`should_stop`, :func:`wait_for_stop`, :func:`on_stop`,
-:func:`panel`. Importing nbcoord does nothing by itself: no patch, no thread, no TensorFlow import.
+:func:`panel`, :func:`reclaim`. Importing nbcoord does nothing by itself: no patch, no thread, no TensorFlow import.
 """
 
 from __future__ import annotations
@@ -29,17 +35,20 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from ._reclaim import ReclaimReport
 from ._snapshot import Snapshot
 from ._stop import StopReport, ThreadStopped
 
 __all__ = [
     "NBCoordWarning",
+    "ReclaimReport",
     "Snapshot",
     "StopReport",
     "ThreadStopped",
     "load_ipython_extension",
     "on_stop",
     "panel",
+    "reclaim",
     "restart_runners",
     "should_stop",
     "snapshot",
@@ -215,3 +224,27 @@ def restart_runners(session: Any, *, grace: float | None = None) -> dict[str, An
 def panel() -> Any:
     """The live panel widget (display it, or let a cell's last expression show it)."""
     return _require().panel()
+
+
+def reclaim(*, outputs: bool = False) -> ReclaimReport:
+    """Give back the memory the kernel keeps by accident, and say what was done (``report["text"]``).
+
+    Drops IPython's last exception (the local variables of its traceback's frames go with it) and, with
+    ``outputs``, the output cache (``Out``, ``_``, ``__``, ``___``, ``_N``); runs the garbage collector; asks the
+    frameworks you imported to release their caches (PyTorch's ``torch.cuda.empty_cache()``, CuPy's pools) and says
+    where one keeps memory until the process ends (TensorFlow's GPU allocator); reports host and per-GPU memory
+    before and after, and the largest arrays and tensors your names still hold.
+
+    Parameters
+    ----------
+    outputs
+        Also drop IPython's output cache.
+
+    Raises
+    ------
+    TypeError
+        ``outputs`` is not a bool.
+    RuntimeError
+        nbcoord is not loaded, this is a forked child, or the call is not on the kernel's main thread.
+    """
+    return _require().reclaim(outputs=outputs)  # type: ignore[no-any-return]

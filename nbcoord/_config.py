@@ -84,6 +84,23 @@ class NBCoord(Configurable):
         max=1_000_000,
         help="Rows per section shown by the text report before it summarises the rest.",
     ).tag(config=True)
+    route_output = Bool(
+        True,
+        help=(
+            "Show what a background thread writes (print, warnings, its uncaught exception) under the cell that "
+            "started it, in an output area nbcoord adds there once that cell has finished, instead of under "
+            "whichever cell runs. False leaves thread output to the kernel."
+        ),
+    ).tag(config=True)
+    output_lines = Integer(
+        200,
+        min=10,
+        max=100_000,
+        help=(
+            "Lines of background output each cell's output area keeps and shows; older lines are counted, and the "
+            "area says how many are not shown."
+        ),
+    ).tag(config=True)
 
     @validate(*UPPER_BOUNDS)
     def _finite_seconds(self, proposal: dict[str, Any]) -> float:
@@ -105,4 +122,6 @@ RUNTIME_SETTINGS: dict[str, type] = {
     "panel_interval": float,
     "stuck_after": float,
     "max_report_threads": int,
+    "route_output": bool,
+    "output_lines": int,
 }

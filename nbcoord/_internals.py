@@ -22,7 +22,9 @@ back, for the report. Tests remove each internal (monkeypatch) and check the fal
 Elsewhere, each in one place with its own table: ipykernel's names for the panel's fast route in
 :mod:`nbcoord._fastcomm` (``shell_channel_thread``, ``shell_stream._recv_callback``, ``control_handlers``,
 ``control_thread``; fallback: the ordinary widget message, handled when the cell ends) and for the server's
-requests in :mod:`nbcoord._control` (fallback: the server shows what it sees from outside); TensorFlow's in
+requests in :mod:`nbcoord._control` (fallback: the server shows what it sees from outside); IPython 9's per-cell
+stream wrapper (``InteractiveShell._tee``'s ``original_write``) in :mod:`nbcoord._output` (fallback: background
+output is routed only until the loading cell ends, and "Degraded here" says so); TensorFlow's in
 :mod:`nbcoord.integrations._tf_internals`. ``%nbcoord`` lists what fell back (:func:`degraded`, with the routes).
 
 """

@@ -17,11 +17,12 @@ from typing import Any
 
 import psutil
 
-from . import _checks, _control, _fork, _log
+from . import _checks, _control, _fork, _log, _memory, _output
 from ._callbacks import Callbacks
 from ._config import NBCoord
 from ._internals import abandon_thread, exit_now, running_cell
 from ._probes import CellWindow, ResourceProbe, Resources, thread_cpu_seconds
+from ._reclaim import ReclaimReport, reclaim
 from ._registry import CellInfo, CellOutcome, Registry
 from ._shutdown import ShutdownHooks
 from ._snapshot import Snapshot, SnapshotBuilder
@@ -85,6 +86,9 @@ class Extension:
         self._callback_ids = itertools.count(1)
         # Parts that follow cells (the memory ledger, output routing): called with the CellInfo at start and end.
         self._cell_listeners: Callbacks[Callable[[str, CellInfo], None]] = Callbacks()
+        #: Background output routed home, and the per-cell memory ledger (installed by install()).
+        self.output: _output.OutputRouter | None = None
+        self.memory: _memory.MemoryLedger | None = None
         self._cpu_cursor = 0
         self._undo: list[Callable[[], None]] = []
         self._first_count = _ipython_major() >= 9
@@ -123,6 +127,12 @@ class Extension:
         self._undo.append(self.monitor.add_task("resources", self._monitor_resources))
         self._undo.append(self.snapshots.add_source("resources", self._resources_section))
         self._undo.append(self.probe.close)
+        # After the thread hooks (the output route chains threading.excepthook above theirs) and after the
+        # resources task (the ledger reads the sample that task takes on the same monitor tick).
+        self.memory = _memory.install(self)
+        self._undo.append(self.memory.uninstall)
+        self.output = _output.install(self)
+        self._undo.append(self.output.uninstall)
         self.monitor.start()
         self._undo.append(self.monitor.stop)
         self.shutdown.install(self.shell)
@@ -271,9 +281,13 @@ class Extension:
         where = f" started by cell [{first.cell}]" if first.cell is not None else ""
         more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
         note = f" {first.notes[0]}" if first.notes else ""
+        home = self.output is not None and self.output.routing and first.cell is not None
+        see = f"Its traceback is under cell [{first.cell}]; %nbcoord keeps it too." if home else (
+            "See %nbcoord for tracebacks."
+        )
         print(
             f"nbcoord: thread {first.thread_name!r}{where} failed: {first.exc_type}: {first.message}{more}.{note} "
-            "See %nbcoord for tracebacks.",
+            + see,
             file=sys.stderr,
         )
 
@@ -525,6 +539,18 @@ class Extension:
             return False
         event = self.registry.stop_event_for_current()
         return event is not None and event.wait(timeout)
+
+    def reclaim(self, *, outputs: bool = False) -> ReclaimReport:
+        """Give back what the kernel keeps by accident, and report it (see :mod:`nbcoord._reclaim`).
+
+        Raises
+        ------
+        TypeError
+            ``outputs`` is not a bool.
+        RuntimeError
+            Not on the kernel's main thread.
+        """
+        return reclaim(self, outputs=outputs)
 
     def panel(self) -> Any:
         """The live panel (one per kernel; displaying it again shows another view of the same widget)."""

@@ -14,7 +14,7 @@ from ._checks import stop_scope
 from ._config import RUNTIME_SETTINGS
 from ._lifecycle import Extension
 
-COMMANDS = ("report", "threads", "zombies", "json", "stop", "config", "mem", "panel", "restart")
+COMMANDS = ("report", "threads", "zombies", "json", "stop", "config", "mem", "panel", "restart", "reclaim")
 _STOP_OPTIONS = ("grace", "force", "cell", "thread", "zombies")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -54,7 +54,9 @@ class NBCoordMagics(Magics):
             "threads: the thread list; zombies: only zombies; json: the snapshot as JSON; "
             "stop: the bounded stop; config: show or set settings (name=value); "
             "mem: memory, GPU, native threads, child processes; panel: the live widget panel; "
-            "restart SESSION: restart a TensorFlow session's queue runners (stop, reset closed queues, start again)"
+            "restart SESSION: restart a TensorFlow session's queue runners (stop, reset closed queues, start again); "
+            "reclaim: give back memory the kernel keeps by accident (IPython's last exception, with --outputs the "
+            "output cache; framework caches) and list what is still held"
         ),
     )
     @argument("settings", nargs="*", help="for config: name=value pairs; for restart: the session id")
@@ -65,6 +67,7 @@ class NBCoordMagics(Magics):
     @argument("--cell", type=int, default=None, help="stop: only the threads started by this cell")
     @argument("--thread", default=None, metavar="ID", help="stop: only this thread (its id, e.g. t12)")
     @argument("--zombies", action="store_true", help="stop: only zombie threads")
+    @argument("--outputs", action="store_true", help="reclaim: also drop the output cache (Out, _, __, ___, _N)")
     @line_magic
     def nbcoord(self, line: str = "") -> Any:
         """Show what the kernel's threads are doing, and stop them.
@@ -78,6 +81,7 @@ class NBCoordMagics(Magics):
             %nbcoord stop --cell 5      # only what cell [5] started
             %nbcoord config grace_period=2
             %nbcoord restart s1         # a TensorFlow session's queue runners, stopped and started again
+            %nbcoord reclaim --outputs  # memory back from the last error and the output cache
         """
         args = parse_argstring(self.nbcoord, line)
         command = args.command
@@ -90,6 +94,8 @@ class NBCoordMagics(Magics):
             given = [opt for opt in _STOP_OPTIONS if opt not in allowed and getattr(args, opt) not in (None, False)]
             if given:
                 raise UsageError(f"--{given[0]} only goes with %nbcoord stop.")
+        if command != "reclaim" and args.outputs:
+            raise UsageError("--outputs only goes with %nbcoord reclaim.")
         return getattr(self, f"_cmd_{command}")(args)
 
     # ---------------------------------------------------------------------------------------- commands
@@ -160,6 +166,9 @@ class NBCoordMagics(Magics):
         except (ValueError, TypeError, RuntimeError) as exc:
             raise UsageError(str(exc)) from None
         print(report["text"])
+
+    def _cmd_reclaim(self, args: Any) -> None:
+        print(self.extension.reclaim(outputs=args.outputs)["text"])
 
     def _cmd_panel(self, args: Any) -> Any:
         return self.extension.panel()

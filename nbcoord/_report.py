@@ -35,8 +35,8 @@ def _owners(row: ThreadRow) -> str:
     return ", ".join(o["label"] + (" (closed)" if o["closed"] else "") for o in row["owners"])
 
 
-def thread_line(row: ThreadRow, now: float, *, stacks: bool = False) -> str:
-    """One thread as one line (plus its stack when asked)."""
+def thread_line(row: ThreadRow, now: float, *, stacks: bool = False, output: str | None = None) -> str:
+    """One thread as one line (plus its stack when asked); ``output``: where its background output went."""
     parts = [f"{row['tid']:>5}  {row['name']!s}", row["state"]]
     if row["zombie"]:
         parts.append(f"ZOMBIE: {zombie_text(row['zombie_reasons'], row['cell'], now)}")
@@ -52,6 +52,8 @@ def thread_line(row: ThreadRow, now: float, *, stacks: bool = False) -> str:
         parts.append(f"cpu {row['cpu_s']:.2f} s")
     if row["last_exception"]:
         parts.append(f"last exception: {row['last_exception']}")
+    if output:
+        parts.append(output)
     line = " | ".join(parts)
     if stacks and row["stack"]:
         line += "\n" + "\n".join(f"          {frame}" for frame in row["stack"])
@@ -78,13 +80,14 @@ def threads_section(snapshot: Snapshot, rows: Iterable[ThreadRow], *, stacks: bo
     lines: list[str] = []
     now = time.time()
     shown = 0
+    outputs = output_by_thread(snapshot)
     for (_, cell), group in groupby(ordered, key=lambda r: (r["zombie"] is not None, r["cell"])):
         members = list(group)
         lines.append(f"{_cell_title(snapshot, cell)}")
         for row in members:
             if shown >= limit:
                 break
-            lines.append("  " + thread_line(row, now, stacks=stacks))
+            lines.append("  " + thread_line(row, now, stacks=stacks, output=outputs.get(row["tid"])))
             shown += 1
     if len(ordered) > limit:
         lines.append(f"  ... and {len(ordered) - limit} more (%nbcoord json has them all)")
@@ -111,6 +114,7 @@ def report(
     lines += queues_section(snapshot)
     lines += blocked_section(snapshot)
     lines += failures_section(snapshot)
+    lines += outputs_section(snapshot)
     lines += resources_section(snapshot)
     if snapshot["last_stop"]:
         lines.append("Last stop: " + stop_summary(snapshot["last_stop"]))
@@ -217,6 +221,44 @@ def failures_section(snapshot: Snapshot) -> list[str]:
     return lines
 
 
+def output_by_thread(snapshot: Snapshot) -> dict[str, str]:
+    """Thread id -> where its background output went, in words (``output: 12 line(s) under cell [3]``)."""
+    found: dict[str, str] = {}
+    for area in snapshot.get("outputs") or []:  # .get: snapshots made before the section existed
+        for thread in area["threads"]:
+            found[thread["tid"]] = f"output: {thread['lines']:,} line(s) under cell [{area['cell']}]"
+    return found
+
+
+def outputs_section(snapshot: Snapshot) -> list[str]:
+    """Background output routed home: one line per cell whose output area holds some."""
+    areas = snapshot.get("outputs") or []
+    if not areas:
+        return []
+    lines = ["Background output (under the cell that started each thread):"]
+    for area in areas:
+        threads = ", ".join(
+            f"{t['name']} ({t['tid']}{', failed' if t['failed'] else ''})" for t in area["threads"][:5]
+        ) + (" ..." if len(area["threads"]) > 5 else "")
+        shown = f", the last {area['shown']:,} shown" if area["hidden"] else ""
+        last = f"; last: {area['last_lines'][-1][:120]}" if area["last_lines"] else ""
+        lines.append(f"  cell [{area['cell']}]: {area['lines']:,} line(s) from {threads}{shown}{last}")
+    return lines
+
+
+def cell_memory_section(snapshot: Snapshot, limit: int = 8) -> list[str]:
+    """The memory ledger's notable cells, those still holding their growth first: ``cell [7]: +2.1 GiB on GPU 0,
+    still held``."""
+    rows = [r for r in snapshot["cell_memory"] if r["ended_at"] is not None and "no notable change" not in r["summary"]]
+    if not rows:
+        return []
+    rows.sort(key=lambda r: (not r["held"], -r["cell"]))
+    lines = ["Memory by cell:"] + [f"  {row['summary']}" for row in rows[:limit]]
+    if len(rows) > limit:
+        lines.append(f"  ... and {len(rows) - limit} more (%nbcoord json has them all)")
+    return lines
+
+
 def resources_section(snapshot: Snapshot, *, details: bool = False) -> list[str]:
     """Memory in one or two lines (filled by the resource probe); with ``details`` (``%nbcoord mem``), native
     threads with their CPU time and child processes with the cell that started them."""
@@ -237,6 +279,7 @@ def resources_section(snapshot: Snapshot, *, details: bool = False) -> list[str]
             )
     elif gpu:
         lines.append(f"GPU: {gpu.get('reason') or 'not available'}")
+    lines += cell_memory_section(snapshot)
     if details:
         lines += _native_threads_lines(res.get("native_threads") or [])
         lines += _children_lines(res.get("children") or [])

@@ -10,11 +10,15 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from ._callbacks import Callbacks
 from ._internals import current_frames
 from ._registry import CellInfo, Registry, ThreadFailure, ThreadRecord
+
+if TYPE_CHECKING:  # their modules import this one
+    from ._memory import CellMemory
+    from ._output import OutputRow
 
 log = logging.getLogger("nbcoord")
 
@@ -122,7 +126,8 @@ class Snapshot(TypedDict):
     blocked_runs: list[dict[str, Any]]
     sessions: list[dict[str, Any]]
     ledger: list[LedgerRow]
-    cell_memory: list[CellMemoryRow]
+    cell_memory: list[CellMemory]  # CellMemoryRow and what the ledger adds (nbcoord/_memory.py)
+    outputs: list[OutputRow]  # background output routed home, one row per output area (nbcoord/_output.py)
     resources: dict[str, Any] | None
     last_stop: dict[str, Any] | None
 
@@ -130,7 +135,7 @@ class Snapshot(TypedDict):
 #: A source returns a partial snapshot: list sections are appended, other sections replaced.
 Source = Callable[[], dict[str, Any]]
 
-_LIST_SECTIONS = ("queues", "blocked_runs", "sessions", "ledger", "cell_memory")
+_LIST_SECTIONS = ("queues", "blocked_runs", "sessions", "ledger", "cell_memory", "outputs")
 
 
 def cell_row(cell: CellInfo) -> CellRow:
@@ -352,6 +357,7 @@ class SnapshotBuilder:
             sessions=[],
             ledger=[],
             cell_memory=[],
+            outputs=[],
             resources=None,
             last_stop=self.last_stop,
         )

@@ -189,23 +189,25 @@ def test_error_cell_leaves_a_cell_error_zombie(kernel: Kernel) -> None:
 
 
 def test_thread_exception_is_reported_once_in_the_next_cell(kernel: Kernel) -> None:
-    failing = kernel.run(
+    starting = kernel.run(
         "exc_go = threading.Event()\n"
         "def exc_fail():\n"
         "    exc_go.wait()\n"
         "    raise RuntimeError('lost the connection')\n"
         "exc_t = threading.Thread(target=exc_fail, name='exc-thread')\n"
-        "exc_t.start(); exc_go.set(); exc_t.join()"
+        "exc_t.start()"
     )
+    running = kernel.run("exc_go.set(); exc_t.join()")  # the thread fails while this other cell runs
     following = kernel.run("x = 1")
     expected = (
-        f"nbcoord: thread 'exc-thread' started by cell [{count_of(failing)}] failed: "
-        "RuntimeError: lost the connection. See %nbcoord for tracebacks."
+        f"nbcoord: thread 'exc-thread' started by cell [{count_of(starting)}] failed: "
+        f"RuntimeError: lost the connection. Its traceback is under cell [{count_of(starting)}]; "
+        "%nbcoord keeps it too."
     )
     lines = [line for line in following.stderr.splitlines() if "exc-thread" in line]
     assert lines == [expected], following.text
-    # Python's own traceback did not land in the cell that was running: nbcoord's hook owns the report.
-    assert "Traceback" not in failing.text and "lost the connection" not in failing.text, failing.text
+    # Neither Python's own traceback nor nbcoord's routed one landed in the cell that was running.
+    assert "Traceback" not in running.text and "lost the connection" not in running.text, running.text
     later = kernel.run("x = 2")
     assert "exc-thread" not in later.text
     failures = kernel.evaluate("[f for f in nbcoord.snapshot()['failures'] if f['thread_name'] == 'exc-thread']")

@@ -162,6 +162,28 @@ EXPECTED: dict[str, list[tuple[str, str]]] = {
         (r"trained 5 more steps after the restart", "the pipeline flows again"),
         (r"runner threads alive: \[\]", "everything stopped at the end"),
     ],
+    "15-output-and-memory": [
+        (r"trainer started; it reports in the background", "the trainer started"),
+        (r"evaluating something else\ndone evaluating", "the running cell shows only its own output"),
+        (
+            r"nbcoord: thread 'trainer' started by cell \[(\d+)\] failed: RuntimeError: validation set missing\. "
+            r"Its traceback is under cell \[\1\]",
+            "the failure announced, with where its traceback went",
+        ),
+        (r"cell \[\d+\]: \d+ line\(s\) from trainer \(t\d+, failed\); last: RuntimeError: validation set missing",
+         "%nbcoord links the thread to its output"),
+        (r"trainer \(t\d+\): \d+ lines under cell \[\d+\]", "the snapshot links the thread to its output"),
+        (r"10,000 lines written, 200 shown, 9,800 not shown", "the flood is bounded"),
+        (r"ERROR ValueError: loss is NaN", "the training step fails"),
+        (r"cell \[(\d+)\]: \+5\d\d\.\d MiB host, still held", "the ledger names the cell that keeps the memory"),
+        (r"IPython's last exception, ValueError: loss is NaN from cell \[\d+\]", "reclaim drops the last exception"),
+        (r"nbcoord reclaim: host memory \(RSS\) .*: gave back (4[89]\d|5\d\d)\.\d MiB", "512 MiB given back"),
+        (r"Out\[\d+\] +torch\.Tensor +cpu +256\.0 MiB +\(67108864,\) float32 \[output cache\]",
+         "what the output cache still holds, by name"),
+        (r"the output cache: 1 value\(s\)", "--outputs drops the output cache"),
+        (r"gave back (2[3-6]\d)\.\d MiB", "the displayed tensor's 256 MiB given back"),
+        (r"cell \[\d+\]: \+5\d\d\.\d MiB host, given back", "the ledger sees the memory given back"),
+    ],
 }
 
 #: What no notebook may show: errors nbcoord exists to prevent, and nbcoord's own failures.
@@ -198,6 +220,12 @@ FORBIDDEN: dict[str, list[tuple[str, str]]] = {
     "11-stuck-pipeline": [
         (r"STILL ALIVE", "a thread survived the restart"),
         (r"NOT reopened", "a queue was left closed"),
+    ],
+    "15-output-and-memory": [
+        (r"epoch \d: loss", "the trainer's lines landed in a running cell"),
+        (r"the learning-rate schedule ended early", "the trainer's warning landed in a running cell"),
+        (r"Exception in thread trainer", "the trainer's traceback landed in a running cell"),
+        (r"flood line \d+", "the flood landed in a running cell"),
     ],
 }
 

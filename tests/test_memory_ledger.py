@@ -1,0 +1,159 @@
+"""The memory ledger per cell (nbcoord/_memory.py): pure rules in-process, then a real kernel.
+
+The kernel's GPU is tests/fake_nvml.py, a FAKE of nvidia-ml-py's ``pynvml`` behind the same interface (this machine
+has no GPU): it is put in ``sys.modules["pynvml"]`` before nbcoord loads, so the extension's probe imports it as it
+would the real binding, and a cell "allocates" GPU memory by raising the kernel's entry in the fake's process list.
+Host memory is real: NumPy arrays of a few hundred MiB, written so that their pages are resident.
+
+Before the lead wires ``_memory.install`` into the extension's load, :data:`SETUP` installs it from a cell (removed
+by ``%unload_ext`` like the rest); once wired, ``_ext.memory`` exists and that line does nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import Kernel, wait_until
+
+from nbcoord._memory import NOTABLE_BYTES, CellMemory, growth_held, summary
+
+MiB, GiB = 2**20, 2**30
+TESTS = Path(__file__).resolve().parent
+
+SETUP = f"""import os, sys, gc, json, time
+sys.path.insert(0, {str(TESTS)!r})
+import fake_nvml
+fake_nvml.reset([fake_nvml.FakeDevice(processes=[fake_nvml.FakeProcess(os.getpid(), 512 * 2**20)])])
+sys.modules["pynvml"] = fake_nvml  # the FAKE NVML, where the probe imports the real one
+%load_ext nbcoord
+import numpy as np
+import nbcoord
+from nbcoord import _memory
+_ext = nbcoord._extension
+_ledger = getattr(_ext, "memory", None)
+if _ledger is None:  # before the wiring: install it here, removed by %unload_ext like the rest
+    _ledger = _memory.install(_ext)
+    _ext.add_undo(_ledger.uninstall)
+%nbcoord config monitor_interval=0.1
+def gpu(delta):
+    fake_nvml.devices[0].processes[0].usedGpuMemory += delta
+def rows():
+    return {{r["cell"]: r for r in nbcoord.snapshot()["cell_memory"]}}
+_deadline = time.monotonic() + 10
+while _ext.probe.last_sample is None and time.monotonic() < _deadline:  # the monitor's first GPU read
+    time.sleep(0.02)
+assert _ext.probe.last_sample is not None
+"""
+
+
+def row(**fields: Any) -> CellMemory:
+    base: dict[str, Any] = {
+        "cell": 7, "rss_before": GiB, "rss_after": GiB, "rss_peak": GiB, "gpu_before": None, "gpu_after": None,
+        "gpu_peak": None, "held": False, "started_at": 1.0, "ended_at": 2.0, "rss_now": GiB, "rss_peak_exact": False,
+        "rss_held": False, "gpu_held": False, "gpu_devices": [], "summary": "",
+    }
+    base.update(fields)
+    return base  # type: ignore[return-value]
+
+
+def test_growth_is_held_while_half_of_it_remains() -> None:
+    assert growth_held(GiB, 2 * GiB, 2 * GiB)
+    assert growth_held(GiB, 2 * GiB, int(1.5 * GiB))
+    assert not growth_held(GiB, 2 * GiB, int(1.4 * GiB))
+    assert not growth_held(GiB, GiB + NOTABLE_BYTES - 1, 2 * GiB), "small growth is not called growth"
+    assert not growth_held(None, GiB, GiB)
+    assert not growth_held(GiB, None, GiB)
+
+
+def test_summaries_say_where_and_whether_held() -> None:
+    gpu = {"index": 0, "before": GiB, "after": int(3.1 * GiB), "peak": int(3.1 * GiB), "now": int(3.1 * GiB)}
+    assert summary(row(gpu_devices=[gpu], held=True)) == "cell [7]: +2.1 GiB on GPU 0, still held"
+    assert (
+        summary(row(rss_after=GiB + 400 * MiB, rss_peak=GiB + 1200 * MiB))
+        == "cell [7]: +400.0 MiB host (peak +1.2 GiB), given back"
+    )
+    assert summary(row()) == "cell [7]: no notable change"
+    assert summary(row(ended_at=None, rss_now=GiB + 300 * MiB)) == "cell [7]: running, +300.0 MiB host so far"
+
+
+@pytest.fixture(scope="module")
+def kernel() -> Iterator[Kernel]:
+    k = Kernel()
+    try:
+        k.run(SETUP)
+        yield k
+    finally:
+        k.close()
+
+
+def cell_row(kernel: Kernel, count: int, ready: str = "True") -> dict[str, Any]:
+    """The ledger's row for cell ``count``, once ``ready`` (an expression of ``r``, the row) holds."""
+
+    def found() -> dict[str, Any] | None:
+        value = kernel.evaluate(f"[r for r in [rows().get({count})] if r is not None and ({ready})]")
+        return value[0] if value else None
+
+    result = wait_until(found, 20, 0.2, f"the ledger's row of cell [{count}] with {ready}")
+    assert result is not None
+    return result
+
+
+@pytest.mark.kernel
+def test_a_cell_that_keeps_memory_is_named_and_then_given_back(kernel: Kernel) -> None:
+    take = kernel.run("big = np.ones(256 * 2**20 // 8); gpu(2 * 2**30); time.sleep(0.3)")
+    count = take.reply["content"]["execution_count"]
+    taken = cell_row(kernel, count, "r['gpu_after'] is not None")
+    assert taken["rss_after"] - taken["rss_before"] >= 200 * MiB
+    assert taken["rss_held"] and taken["held"]
+    (device,) = taken["gpu_devices"]
+    assert device["index"] == 0 and device["after"] - device["before"] == 2 * GiB
+    assert taken["gpu_after"] - taken["gpu_before"] == 2 * GiB
+    assert taken["gpu_held"]
+    assert re.fullmatch(rf"cell \[{count}\]: \+2[0-9.]+ MiB host, \+2\.0 GiB on GPU 0, still held", taken["summary"])
+    kernel.run("del big; gc.collect(); gpu(-2 * 2**30)")
+    given = cell_row(kernel, count, "not r['held']")
+    assert not given["rss_held"] and not given["gpu_held"]
+    assert given["summary"].endswith(", given back")
+
+
+@pytest.mark.kernel
+def test_the_peak_of_a_cell_that_gave_its_memory_back(kernel: Kernel) -> None:
+    # More than any cell before it: the process's own high-water mark rises, so the peak is exact.
+    result = kernel.run("tmp = np.ones(384 * 2**20 // 8); del tmp; gc.collect()")
+    count = result.reply["content"]["execution_count"]
+    peak = cell_row(kernel, count)
+    assert peak["rss_peak_exact"]
+    assert peak["rss_peak"] - peak["rss_before"] >= 350 * MiB
+    assert abs(peak["rss_after"] - peak["rss_before"]) < 64 * MiB
+    assert not peak["held"]
+    assert re.search(r"\(peak \+3[0-9.]+ MiB\)", peak["summary"]), peak["summary"]
+
+
+@pytest.mark.kernel
+def test_the_running_cell_and_the_json(kernel: Kernel) -> None:
+    result = kernel.run("""
+now = rows()
+running = [r for r in now.values() if r["ended_at"] is None]
+print(json.dumps({"running": [r["summary"] for r in running], "json": len(json.loads(json.dumps(now))) > 0}))""")
+    line = result.stdout.strip().splitlines()[-1]
+    count = result.reply["content"]["execution_count"]
+    assert re.fullmatch(rf'\{{"running": \["cell \[{count}\]: running, [+-][0-9.]+ \w+ host so far"\], "json": true}}',
+                        line), line
+
+
+@pytest.mark.kernel
+def test_unload_removes_the_ledger(kernel: Kernel) -> None:
+    result = kernel.run("""
+%unload_ext nbcoord
+print(json.dumps([
+    _ledger._active,
+    "memory" in dict(_ext._cell_listeners.items()),
+    "memory" in dict(_ext.monitor._tasks.items()),
+    "cell_memory" in dict(_ext.snapshots._sources.items()),
+]))
+%load_ext nbcoord""")
+    assert result.stdout.strip().splitlines()[-1] == "[false, false, false, false]"

@@ -1,0 +1,344 @@
+"""Background output goes home (nbcoord/_output.py), in real kernels on ipykernel 7 and 6, read from raw iopub.
+
+What a front end sees is the messages: a thread's text written after its cell finished must arrive as one
+``display_data`` whose parent is the starting cell's request (JupyterLab and Notebook 7 keep that cell's future, so
+it shows there), then ``update_display_data`` messages with the same display id (matched by id, never shown under
+the running cell), and never as a ``stream`` message of the cell that runs. tests/test_output_browser.py checks the
+same in a real browser.
+
+Before the lead wires ``_output.install`` into the extension's load, :data:`INSTALL` installs it from a cell (and
+registers its removal with the extension, so that ``%unload_ext`` removes it); once wired, ``_ext.output`` exists
+and the install line does nothing.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import CellResult, Kernel, wait_until
+from interpreters import KERNEL_PYTHONS
+
+pytestmark = pytest.mark.kernel
+
+REPO = Path(__file__).resolve().parents[1]
+IK6_PYTHON = REPO / ".venv-ik6" / "bin" / "python"
+#: ipykernel 7 on every kernel interpreter (3.10 has IPython 8, without its per-cell stream wrapper), and 6.
+PYTHONS = [
+    *[pytest.param(p.values[0], id=f"ipykernel7-{p.id}") for p in KERNEL_PYTHONS],
+    pytest.param(
+        str(IK6_PYTHON),
+        id="ipykernel6",
+        marks=pytest.mark.skipif(not IK6_PYTHON.exists(), reason=f"no ipykernel 6 environment at {IK6_PYTHON}"),
+    ),
+]
+
+#: Loads nbcoord and the route. The `_output.install` line is unnecessary once the extension's load installs it.
+INSTALL = """import threading
+_hook_before_nbcoord = threading.excepthook
+%load_ext nbcoord
+import json, os, sys, threading, time, warnings
+import nbcoord
+from nbcoord import _output
+_ext = nbcoord._extension
+_router = getattr(_ext, "output", None)
+if _router is None:  # before the wiring: install it here, removed by %unload_ext like the rest
+    _router = _output.install(_ext)
+    _ext.add_undo(_router.uninstall)
+def set_routing(on):
+    if _ext.config.has_trait("route_output"):
+        _ext.config.route_output = on
+    else:  # before the wiring: the setting's effect, directly
+        _router._enabled = on
+        _router._update_routing()
+"""
+
+
+class RecordingKernel(Kernel):
+    """A kernel whose every iopub message is also kept, in order (helpers.Kernel keeps only some kinds)."""
+
+    def __init__(self, python: str) -> None:
+        super().__init__(python=python)
+        self.messages: list[dict[str, Any]] = []
+        receive = self.kc.get_iopub_msg
+
+        def get_iopub_msg(*args: Any, **kwargs: Any) -> dict[str, Any]:
+            msg: dict[str, Any] = receive(*args, **kwargs)
+            self.messages.append(msg)
+            return msg
+
+        self.kc.get_iopub_msg = get_iopub_msg  # type: ignore[method-assign]
+
+    def submit_in_cell(self, code: str, cell_id: str) -> str:
+        """An execute request carrying a front end's cell id (as JupyterLab sends it), without waiting."""
+        msg = self.kc.session.msg(
+            "execute_request",
+            {"code": code, "silent": False, "store_history": True, "user_expressions": {}, "allow_stdin": False,
+             "stop_on_error": True},
+            metadata={"cellId": cell_id},
+        )
+        self.kc.shell_channel.send(msg)
+        msg_id: str = msg["header"]["msg_id"]
+        self._iopub[msg_id] = CellResult(reply={})
+        return msg_id
+
+    def pump(self) -> None:
+        """Read what iopub has now (into .messages)."""
+        self._drain_iopub("", 0.05)
+
+    def areas(self) -> dict[str, dict[str, Any]]:
+        """nbcoord's output areas by display id: the parent of the message that placed it, and its latest text."""
+        found: dict[str, dict[str, Any]] = {}
+        for msg in self.messages:
+            kind = msg["msg_type"]
+            if kind not in ("display_data", "update_display_data"):
+                continue
+            display_id = msg["content"].get("transient", {}).get("display_id", "")
+            if not display_id.startswith("nbcoord-output-"):
+                continue
+            if kind == "display_data":
+                found[display_id] = {"parent": msg["parent_header"].get("msg_id"), "updates": 0}
+            area = found.setdefault(display_id, {"parent": None, "updates": 0})
+            area["text"] = msg["content"]["data"]["text/plain"]
+            area["updates"] += kind == "update_display_data"
+        return found
+
+    def wait_for_area(self, *needles: str, timeout: float = 20.0) -> tuple[str, dict[str, Any]]:
+        """The area whose text holds every needle (pumping iopub meanwhile)."""
+
+        def found() -> tuple[str, dict[str, Any]] | None:
+            self.pump()
+            for display_id, area in self.areas().items():
+                if all(needle in area.get("text", "") for needle in needles):
+                    return display_id, area
+            return None
+
+        result = wait_until(found, timeout, 0.05, f"an output area with {needles}")
+        assert result is not None
+        return result
+
+    def streams(self) -> str:
+        """Every stream text the kernel sent, whatever its parent."""
+        return "".join(m["content"]["text"] for m in self.messages if m["msg_type"] == "stream")
+
+
+@pytest.fixture(params=PYTHONS)
+def kernel(request: pytest.FixtureRequest) -> Iterator[RecordingKernel]:
+    k = RecordingKernel(request.param)
+    try:
+        k.run(INSTALL)
+        yield k
+    finally:
+        k.close()
+
+
+@pytest.fixture
+def kernel7() -> Iterator[RecordingKernel]:
+    k = RecordingKernel(sys.executable)
+    try:
+        k.run(INSTALL)
+        yield k
+    finally:
+        k.close()
+
+
+WORKER = """
+printed, go = threading.Event(), threading.Event()
+def worker():
+    print("worker: while cell A runs", flush=True)
+    printed.set()
+    go.wait(30)
+    print("worker: line 1")
+    print("worker: line 2", flush=True)
+    warnings.warn("worker warning")
+    raise RuntimeError("worker failed")
+t = threading.Thread(target=worker, name="worker")
+t.start()
+printed.wait(10)
+"""
+
+
+def test_thread_output_goes_to_the_cell_that_started_it(kernel: RecordingKernel) -> None:
+    a_id = kernel.submit(WORKER)
+    a = kernel.collect(a_id)
+    assert a.status == "ok"
+    assert "worker: while cell A runs" in a.stdout  # its own cell still ran: plain output, as without nbcoord
+    b = kernel.run('print("cell B runs"); go.set(); t.join(10)')
+    _, area = kernel.wait_for_area("worker: line 2", "RuntimeError: worker failed", "UserWarning: worker warning")
+    text = area["text"]
+    assert area["parent"] == a_id, "the area is placed under cell A's own request"
+    assert text.startswith("nbcoord: output of thread 'worker' started by this cell, written after it finished:")
+    assert "Exception in thread worker:\nTraceback" in text
+    assert text.index("worker: line 1") < text.index("worker: line 2") < text.index("RuntimeError: worker failed")
+    # The running cell stays clean; no stream message anywhere carries the routed text.
+    assert "cell B runs" in b.stdout
+    for needle in ("worker: line", "worker warning", "worker failed"):
+        assert needle not in b.text
+        assert needle not in kernel.streams()
+    # nbcoord's one-line notice of the failure, in the next cell, is still there.
+    assert "nbcoord: thread 'worker' started by cell" in kernel.run("pass").stderr
+    # The snapshot section links the thread to its output.
+    rows = kernel.evaluate("_router.section()['outputs']")
+    (row,) = rows
+    count = a.reply["content"]["execution_count"]
+    assert row["cell"] == count
+    assert row["display_id"] is not None
+    (thread,) = row["threads"]
+    assert thread["name"] == "worker" and thread["cell"] == count and thread["failed"] is True
+    assert thread["lines"] >= 4 and thread["tid"].startswith("t")
+
+
+def test_a_flood_is_bounded(kernel7: RecordingKernel) -> None:
+    kernel = kernel7
+    kernel.run("""
+go = threading.Event()
+def flood():
+    go.wait(30)
+    for i in range(5000):
+        print(f"line {i}")
+    print("no newline at the end", end="")
+t = threading.Thread(target=flood, name="flood")
+t.start()""")
+    kernel.run("go.set(); t.join(30)")
+    _, area = kernel.wait_for_area("line 4999", "no newline at the end")
+    lines = area["text"].split("\n")
+    assert lines[1] == (
+        "... 4,800 earlier line(s) not shown (nbcoord keeps the last 200 lines per cell: NBCoord.output_lines)"
+    )
+    assert lines[2] == "line 4800" and lines[-2] == "line 4999" and lines[-1] == "no newline at the end"
+    assert len(lines) == 2 + 200 + 1
+    # However fast the thread wrote, the front end got a few updates, not 5000 lines.
+    assert area["updates"] < 20
+    assert "line 4999" not in kernel.streams()
+    (row,) = kernel.evaluate("_router.section()['outputs']")
+    assert (row["lines"], row["shown"], row["hidden"]) == (5000, 200, 4800)
+    assert row["last_lines"] == ["line 4997", "line 4998", "line 4999"]
+
+
+def test_carriage_returns_and_long_lines(kernel7: RecordingKernel) -> None:
+    kernel = kernel7
+    kernel.run("""
+go = threading.Event()
+def progress():
+    go.wait(30)
+    for i in range(101):
+        print(f"\\rprogress {i}%", end="", file=sys.stderr)
+    print(file=sys.stderr)
+    print("x" * 5000)
+t = threading.Thread(target=progress, name="progress")
+t.start()""")
+    kernel.run("go.set(); t.join(30)")
+    _, area = kernel.wait_for_area("progress 100%", "more characters not shown")
+    lines = area["text"].split("\n")
+    assert lines[1:] == ["progress 100%", "x" * 2000 + "... [3,000 more characters not shown]"]
+
+
+def test_setting_off_leaves_output_to_the_kernel(kernel7: RecordingKernel) -> None:
+    kernel = kernel7
+    kernel.run("""
+set_routing(False)
+go = threading.Event()
+def late():
+    go.wait(30)
+    print("late line", flush=True)
+t = threading.Thread(target=late)
+t.start()""")
+    b = kernel.run("go.set(); t.join(10); sys.stdout.flush()")
+    assert "late line" in b.stdout  # ipykernel 7's own routing: the latest request
+    kernel.pump()
+    assert kernel.areas() == {}
+    kernel.run("set_routing(True)")
+
+
+def test_a_rerun_cell_gets_the_output_of_its_earlier_run(kernel7: RecordingKernel) -> None:
+    kernel = kernel7
+    code = """
+if "gates" not in globals():
+    gates = []
+gate = threading.Event()
+gates.append(gate)
+def waiter(gate=gate, run=len(gates)):
+    gate.wait(30)
+    print(f"from run {run}", flush=True)
+threading.Thread(target=waiter, name=f"waiter-{len(gates)}").start()"""
+    first = kernel.collect(kernel.submit_in_cell(code, "cell-x"))
+    second_id = kernel.submit_in_cell(code, "cell-x")
+    second = kernel.collect(second_id)
+    kernel.run("gates[0].set()")
+    _, area = kernel.wait_for_area("from run 1")
+    assert area["parent"] == second_id, "the area is in the rerun: the first run's output is gone from the page"
+    first_count = first.reply["content"]["execution_count"]
+    assert area["text"].startswith(
+        f"nbcoord: output of thread 'waiter-1' started by an earlier run of this cell ([{first_count}]):"
+    )
+    (row,) = kernel.evaluate("_router.section()['outputs']")
+    assert row["cell"] == second.reply["content"]["execution_count"] and row["cell_id"] == "cell-x"
+    kernel.run("gates[1].set()")
+    kernel.wait_for_area("from run 1", "from run 2")
+
+
+KERNELS_OWN_WRITE = """
+def kernels_own_write(stream):
+    # Below IPython 9's per-cell wrapper (if any), the stream's write is the kernel's OutStream.write again.
+    write = stream.__dict__.get("write", stream.write)
+    while getattr(write, "__qualname__", "") == "InteractiveShell._tee.<locals>.write":
+        write = dict(zip(write.__code__.co_freevars, write.__closure__))["original_write"].cell_contents
+    return getattr(write, "__func__", None) is type(stream).write
+"""
+
+
+def test_unload_removes_the_route(kernel: RecordingKernel) -> None:
+    kernel.run(KERNELS_OWN_WRITE)
+    assert kernel.evaluate("[kernels_own_write(sys.stdout), kernels_own_write(sys.stderr)]") == [False, False]
+    kernel.run("""
+go = threading.Event()
+def after_unload():
+    go.wait(30)
+    print("after unload", flush=True)
+t = threading.Thread(target=after_unload)
+t.start()
+%unload_ext nbcoord""")
+    assert kernel.evaluate(
+        "[kernels_own_write(sys.stdout), kernels_own_write(sys.stderr), threading.excepthook is _hook_before_nbcoord]"
+    ) == [True, True, True]
+    kernel.run("go.set(); t.join(10); sys.stdout.flush()")
+    # The kernel's own routing again: a plain stream (ipykernel 7: under the running cell; 6: the starting one).
+    wait_until(lambda: kernel.pump() or "after unload" in kernel.streams(), 10, 0.05, "the plain stream")
+    assert kernel.areas() == {}
+
+
+def test_inert_in_a_forked_child(kernel7: RecordingKernel) -> None:
+    result = kernel7.run("""
+r, w = os.pipe()
+def forker():
+    pid = os.fork()
+    if pid == 0:
+        os.write(w, json.dumps([_router._routing, _router._active]).encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+t = threading.Thread(target=forker)
+t.start(); t.join(10)
+print("child:", os.read(r, 100).decode(), "parent:", json.dumps([_router._routing, _router._active]))""")
+    assert re.search(r"child: \[false, false\] parent: \[true, true\]", result.stdout), result.stdout
+
+
+def test_a_failure_inside_the_route_never_loses_the_text(kernel7: RecordingKernel) -> None:
+    kernel = kernel7
+    kernel.run("""
+def broken(*args, **kwargs):
+    raise RuntimeError("the route broke")
+_router._route = broken
+go = threading.Event()
+def writer():
+    go.wait(30)
+    print("still delivered", flush=True)
+t = threading.Thread(target=writer)
+t.start()""")
+    b = kernel.run("go.set(); t.join(10); sys.stdout.flush()")
+    assert "still delivered" in b.stdout  # the kernel's own route: nothing lost
+    assert "the route broke" not in kernel.streams()  # nbcoord's failure is logged to the kernel's stderr only
+    kernel.run("del _router._route")
