@@ -47,6 +47,7 @@ PLAN: list[tuple[str, list[str], list[str]]] = [
     ("tf_interrupt", [], ["--quick"]),
     ("server", [], ["--quick"]),
     ("output", [], ["--quick"]),
+    ("ledger", [], ["--quick"]),
 ]
 PACKAGES = ("ipykernel", "ipython", "jupyter_client", "psutil", "tensorflow-cpu", "tensorflow")
 

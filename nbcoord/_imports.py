@@ -75,6 +75,10 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
                 self._callbacks.pop(name, None)
             return not self._callbacks
 
+    def watches(self, name: str) -> bool:
+        with self._lock:
+            return name in self._callbacks
+
     def find_spec(
         self,
         fullname: str,
@@ -170,3 +174,9 @@ def when_imported(name: str, callback: ImportCallback) -> Callable[[], None]:
 def hook_installed() -> bool:
     """Whether nbcoord's finder is in ``sys.meta_path`` (tests check that unload removed it)."""
     return any(isinstance(finder, _PostImportFinder) for finder in sys.meta_path)
+
+
+def watching(name: str) -> bool:
+    """Whether a callback still waits for ``name`` to be imported (it leaves once it fired)."""
+    finder = _finder
+    return finder is not None and finder in sys.meta_path and finder.watches(name)

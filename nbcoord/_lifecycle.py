@@ -28,6 +28,7 @@ from ._shutdown import ShutdownHooks
 from ._snapshot import Snapshot, SnapshotBuilder
 from ._stop import ScopeKind, StopMechanism, StopReport, StopScope, ThreadStopped
 from ._threads import INTERNAL_PREFIX, Monitor, ThreadHooks
+from .integrations.ledger import watch as watch_ledger
 from .integrations.tensorflow import watch as watch_tensorflow
 
 log = logging.getLogger("nbcoord")
@@ -86,6 +87,10 @@ class Extension:
         self._callback_ids = itertools.count(1)
         # Parts that follow cells (the memory ledger, output routing): called with the CellInfo at start and end.
         self._cell_listeners: Callbacks[Callable[[str, CellInfo], None]] = Callbacks()
+        # Child pids no stop signals (kernel-wide helpers such as multiprocessing's resource tracker), and cells that
+        # something outside the registry still refers to (the ledger's items): both from the integrations.
+        self._spared_children: Callbacks[Callable[[], set[int]]] = Callbacks()
+        self._cell_users: Callbacks[Callable[[], set[int]]] = Callbacks()
         #: Background output routed home, and the per-cell memory ledger (installed by install()).
         self.output: _output.OutputRouter | None = None
         self.memory: _memory.MemoryLedger | None = None
@@ -138,6 +143,7 @@ class Extension:
         self.shutdown.install(self.shell)
         self._undo.append(self.shutdown.uninstall)
         self._undo.append(watch_tensorflow(self))
+        self._undo.append(watch_ledger(self))
         # Last: the Jupyter server's requests are answered only once everything else is in place (and unload
         # removes this first).
         self._undo.append(_control.install(self))
@@ -152,6 +158,17 @@ class Extension:
     def add_own_stopper(self, stop: Callable[[], None]) -> Callable[[], None]:
         """Register how to stop one of nbcoord's own threads (the panel's sender); the shutdown runs it first."""
         return self._own_stoppers.add(f"own-{next(self._callback_ids)}", stop)
+
+    def add_spared_children(self, name: str, pids: Callable[[], set[int]]) -> Callable[[], None]:
+        """Register a source of child pids that no stop signals: the kernel's own helpers, which some cell happened
+        to start (a resource tracker ignores SIGTERM, and leaves by itself when the kernel does); returns the
+        remover."""
+        return self._spared_children.add(name, pids)
+
+    def add_cells_in_use(self, name: str, cells: Callable[[], set[int]]) -> Callable[[], None]:
+        """Register a source of cells that must stay known while it refers to them (the ledger's live items: their
+        zombie rules read the cell's outcome); returns the remover."""
+        return self._cell_users.add(name, cells)
 
     def add_undo(self, undo: Callable[[], None]) -> None:
         """Remember something to undo at uninstall (integrations and the panel add theirs)."""
@@ -223,9 +240,14 @@ class Extension:
     def degraded(self) -> dict[str, str]:
         """What works differently here, and how: internals found missing, routes that could not be installed."""
         from . import _internals
-        from .integrations import _tf_internals
+        from .integrations import _ledger_internals, _tf_internals
 
-        return {**_internals.degraded(), **_tf_internals.degraded(), **self.degraded_routes}
+        return {
+            **_internals.degraded(),
+            **_tf_internals.degraded(),
+            **_ledger_internals.degraded(),
+            **self.degraded_routes,
+        }
 
     def cell_of_file(self, filename: str) -> int | None:
         """The execution count of the cell whose code ``filename`` holds (IPython compiles each cell from a file of
@@ -263,12 +285,21 @@ class Extension:
             for record in (self.registry.records_of_cell(cell) if cell is not None else [])
             if self.registry.zombie_reasons(record, grace)
         ]
-        if not zombies or cell is None:
+        # What else it left (tasks, pools, data loaders), read only after a cell that failed.
+        items = [
+            row["label"]
+            for row in self.snapshot()["ledger"]
+            if row["cell"] == execution_count and row["zombie"] is not None and row["kind"] != "process"
+        ]
+        if (not zombies and not items) or cell is None:
             return
-        names = ", ".join(record.name for record in zombies[:5]) + (" ..." if len(zombies) > 5 else "")
+        left = [record.name for record in zombies] + items
+        names = ", ".join(left[:5]) + (" ..." if len(left) > 5 else "")
+        counts = [f"{len(zombies)} thread(s)"] if zombies else []
+        counts += [f"{len(items)} other item(s)"] if items else []
         what = "was interrupted" if cell.outcome == "interrupted" else "failed"
         print(
-            f"nbcoord: cell [{execution_count}] {what} and left {len(zombies)} thread(s) running: {names}. "
+            f"nbcoord: cell [{execution_count}] {what} and left {' and '.join(counts)} running: {names}. "
             "See %nbcoord zombies; stop them with %nbcoord stop --zombies.",
             file=sys.stderr,
         )
@@ -395,6 +426,11 @@ class Extension:
         sample = self.probe.last_sample
         if sample is not None:
             used.update(child["cell"] for child in sample["children"] if child["cell"] is not None)
+        for name, cells in self._cell_users.items():
+            try:
+                used.update(cells())
+            except Exception:
+                log.warning("nbcoord: cells-in-use source %r failed", name, exc_info=True)
         return used
 
     def _cell_windows(self) -> list[CellWindow]:
@@ -434,10 +470,13 @@ class Extension:
         """Child processes started since load by the cells in scope (exact start times against their runs)."""
         if kind == "thread":
             return []
+        spared = self._spared_pids()
         chosen: list[psutil.Process] = []
         for child, owner, started_at in self.probe.children_in_cells(self._cell_windows()):
             if started_at + 0.02 < self.loaded_at:
                 continue  # not ours to stop: it existed before nbcoord was loaded
+            if child.pid in spared:
+                continue  # the kernel's helper (a resource tracker): it leaves with the kernel
             if (
                 kind == "all"
                 or (kind == "cell" and owner == cell)
@@ -445,6 +484,15 @@ class Extension:
             ):
                 chosen.append(child)
         return chosen
+
+    def _spared_pids(self) -> set[int]:
+        spared: set[int] = set()
+        for name, pids in self._spared_children.items():
+            try:
+                spared |= pids()
+            except Exception:
+                log.warning("nbcoord: spared-children source %r failed", name, exc_info=True)
+        return spared
 
     def _cell_failed(self, execution_count: int) -> bool:
         cell = self.registry.cell(execution_count)

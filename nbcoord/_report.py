@@ -132,12 +132,15 @@ def summary_line(snapshot: Snapshot) -> str:
 
 
 def zombies_report(snapshot: Snapshot, *, stacks: bool = False) -> str:
-    """Only the zombies, with their reasons."""
+    """Only the zombies, with their reasons: threads, then the other things cells left (tasks, pools, loaders)."""
     zombies = [r for r in snapshot["threads"] if r["zombie"]]
-    if not zombies:
-        return "nbcoord: no zombie threads."
-    lines = [f"nbcoord: {len(zombies)} zombie thread(s)"]
-    lines += threads_section(snapshot, zombies, stacks=stacks, limit=10_000)
+    items = [r for r in snapshot["ledger"] if r["zombie"]]
+    if not zombies and not items:
+        return "nbcoord: no zombie threads."  # nor anything else: tasks, pools and loaders are checked too
+    lines = [f"nbcoord: {len(zombies)} zombie thread(s)" + (f", {len(items)} other zombie(s)" if items else "")]
+    if zombies:
+        lines += threads_section(snapshot, zombies, stacks=stacks, limit=10_000)
+    lines += ledger_section({**snapshot, "ledger": items})
     lines.append("Stop them with: %nbcoord stop --zombies")
     return "\n".join(lines)
 

@@ -162,6 +162,77 @@ EXPECTED: dict[str, list[tuple[str, str]]] = {
         (r"trained 5 more steps after the restart", "the pipeline flows again"),
         (r"runner threads alive: \[\]", "everything stopped at the end"),
     ],
+    "12-tasks-on-the-event-loop": [
+        (
+            r"task-\d+  asyncio task Task-\d+: poll_forever\(\) \| waiting \| cell \[\d+\] \| ZOMBIE: cell \[\d+\] "
+            r"interrupted \| waits at cell \[\d+\], line \d+ in poll_forever",
+            "the pollers listed with cell, reason and line",
+        ),
+        (
+            r"task-\d+  asyncio task Task-\d+: stubborn\(\) \| waiting \| cell \[\d+\] \| ZOMBIE: cell \[\d+\] "
+            r"interrupted",
+            "the stubborn task listed",
+        ),
+        (r"cancel requested: it ends once this cell returns", "the stop in a cell says when the cancellation happens"),
+        (r"tasks still running: \['stubborn'\]", "only the task that swallows CancelledError is left"),
+        (
+            r"stopped=False; swallowed the CancelledError \(or is still cleaning up\); it waits at cell \[\d+\], "
+            r"line \d+ in stubborn",
+            "the stop from another thread names it, with its line",
+        ),
+        (r"tasks left: \[\]", "no task left"),
+        (r"ERROR KeyboardInterrupt", "the interrupted cell ends with KeyboardInterrupt"),
+    ],
+    "13-worker-pools": [
+        (r"worker processes: 12", "twelve workers outlive the interrupted cells"),
+        (
+            r"pool-\d+  multiprocessing\.Pool, 4 workers \| running \| cell \[\d+\] \| ZOMBIE: cell \[\d+\] "
+            r"interrupted \| processes \d+, \d+, \d+, \d+",
+            "the Pool listed",
+        ),
+        (
+            r"concurrent\.futures\.ProcessPoolExecutor, 4 workers \| running \| cell \[\d+\] \| ZOMBIE: cell "
+            r"\[\d+\] interrupted",
+            "the executor listed",
+        ),
+        (
+            r"joblib's reusable loky executor, 4 workers \| running \| cell \[\d+\] \| ZOMBIE: cell \[\d+\] "
+            r"interrupted",
+            "loky's executor listed",
+        ),
+        (r"process \d+ \| \w+ \| cell \[\d+\] \| processes \d+ \| Pool worker \d of 4, pool-\d+", "workers named"),
+        (
+            r"stopped: multiprocessing\.Pool, 4 workers \(pool-\d+\): terminate\(\) took \d+ ms",
+            "the Pool terminated",
+        ),
+        (
+            r"stopped: concurrent\.futures\.ProcessPoolExecutor, 4 workers \(pool-\d+\): "
+            r"shutdown\(cancel_futures=True\) took \d+ ms; 4 worker\(s\) got SIGTERM",
+            "the executor shut down, its busy workers terminated",
+        ),
+        (
+            r"stopped: joblib's reusable loky executor, 4 workers \(pool-\d+\): shutdown\(kill_workers=True\) took "
+            r"\d+ ms",
+            "loky's executor shut down with its workers",
+        ),
+        (r"worker processes left: \[\]", "no worker left"),
+    ],
+    "14-dataloader-workers": [
+        (r"DataLoader workers: 4", "four workers outlive the interrupted loop"),
+        (
+            r"loader-\d+  DataLoader iterator over Images, 4 workers \(persistent\) \| running \| cell \[\d+\] \| "
+            r"ZOMBIE: cell \[\d+\] interrupted",
+            "the iterator listed",
+        ),
+        (r"DataLoader worker \d of 4 of cell \[\d+\], loader-\d+", "each worker named"),
+        (
+            r"stopped: DataLoader iterator over Images, 4 workers \(persistent\) \(loader-\d+\): PyTorch's worker "
+            r"shutdown took \d+ ms",
+            "PyTorch's own shutdown",
+        ),
+        (r"DataLoader workers left: \[\]", "no worker left"),
+        (r"ERROR KeyboardInterrupt", "the interrupted loop ends with KeyboardInterrupt"),
+    ],
     "15-output-and-memory": [
         (r"trainer started; it reports in the background", "the trainer started"),
         (r"evaluating something else\ndone evaluating", "the running cell shows only its own output"),
@@ -220,6 +291,15 @@ FORBIDDEN: dict[str, list[tuple[str, str]]] = {
     "11-stuck-pipeline": [
         (r"STILL ALIVE", "a thread survived the restart"),
         (r"NOT reopened", "a queue was left closed"),
+    ],
+    "12-tasks-on-the-event-loop": [
+        (r"Task was destroyed but it is pending", "a task lost"),
+        (r"Task exception was never retrieved", "a task's error lost"),
+    ],
+    "13-worker-pools": [(r"STILL ALIVE", "something survived the stop")],
+    "14-dataloader-workers": [
+        (r"STILL ALIVE", "something survived the stop"),
+        (r"exited unexpectedly", "PyTorch's SIGCHLD check raised"),
     ],
     "15-output-and-memory": [
         (r"epoch \d: loss", "the trainer's lines landed in a running cell"),

@@ -49,7 +49,8 @@ IK6_PACKAGES = [
 #: The oldest TensorFlow the package claims (pyproject: tensorflow>=2.15), for the TensorFlow tier's kernels.
 VENV_TF215 = ROOT / ".venv-tf215"
 TF215_PACKAGES = ["tensorflow-cpu==2.15.1", "ipykernel==7.4.0", "ipywidgets==8.1.9", "anywidget==0.11.0", "psutil"]
-KERNEL_PACKAGES = ["ipywidgets==8.1.9", "anywidget==0.11.0", "psutil"]
+# joblib: the ledger's loky tests run on every kernel Python (pure Python; PyTorch stays in .venv alone).
+KERNEL_PACKAGES = ["ipywidgets==8.1.9", "anywidget==0.11.0", "psutil", "joblib"]
 
 
 @dataclass(frozen=True)
