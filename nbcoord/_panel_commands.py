@@ -1,20 +1,21 @@
 """The panel's commands: validated against what the kernel issued, acted on once, never in floods.
 
-The front end is untrusted. A command is a small JSON object (stop all / a cell / a thread / the zombies, a
-stack request, a view's presence), each with a ``click_id`` of the form ``<view id>-<n>``, where the panel's
-module numbers each view's clicks. Every command is checked by :func:`parse_command` against the ids this kernel
-issued: a thread id must name a live thread that a cell started (never the kernel's own threads, never
-nbcoord's), a cell number a cell that ran. Anything else raises :class:`Rejected`, which the caller logs through
-a rate limit, with values cut short: a flood of bad messages writes a few lines to the kernel's log, and nothing
-into the running cell.
+The front end is untrusted. A command is a small JSON object: a stop (all / a cell / a thread / the zombies; a
+stop of all may also interrupt the running cell), a restart of a TensorFlow session's queue runners, a reclaim of
+memory, a stack request, a view's presence. Each carries a ``click_id`` of the form ``<view id>-<n>``, where the
+panel's module numbers each view's clicks. Every command is checked by :func:`parse_command` against the ids this
+kernel issued: a thread id must name a live thread that a cell started (never the kernel's own threads, never
+nbcoord's), a cell number a cell that ran, a session id a session of the last snapshot that can be restarted.
+Anything else raises :class:`Rejected`, which the caller logs through a rate limit, with values cut short: a
+flood of bad messages writes a few lines to the kernel's log, and nothing into the running cell.
 
 A click reaches the kernel by up to two routes (the fast route, and the widget's ordinary message when the main
 thread is free), any time apart: :class:`ClickLedger` remembers which clicks were acted on, per view, as a
 watermark plus the few seen above it, so a click is acted on once however many messages come between its copies.
 
-Stops are run by :class:`StopRunner`, on a thread of its own, never on a kernel channel thread or the main
-thread: taking a click costs a few microseconds whatever a stop costs, and a click that arrives while an equal
-stop waits or runs joins it (a burst of clicks is one stop, one report).
+Actions (stops, restarts, reclaims) are run by :class:`StopRunner`, on a thread of its own, never on a kernel
+channel thread or the main thread: taking a click costs a few microseconds whatever the action costs, and a click
+that arrives while an equal action waits or runs joins it (a burst of clicks is one stop, one report).
 """
 
 from __future__ import annotations
@@ -29,13 +30,15 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from ._log import RateLimited, short
-from ._stop import ScopeKind, StopReport
+from ._stop import ScopeKind
 from ._threads import INTERNAL_PREFIX
 
 log = logging.getLogger("nbcoord")
 
 #: Command types the front end may send; the fast route takes exactly these.
-COMMAND_TYPES: Final = frozenset({"stop", "stack", "view"})
+COMMAND_TYPES: Final = frozenset({"stop", "stack", "view", "restart", "reclaim"})
+#: Types that are actions: run one after another on the runner's thread, and answered with an outcome.
+ACTION_TYPES: Final = frozenset({"stop", "restart", "reclaim"})
 STOP_THREAD_NAME: Final = f"{INTERNAL_PREFIX}panel-stop"
 #: Different stops that may wait at once; a click for yet another is dropped (and logged, rate-limited).
 MAX_WAITING_STOPS: Final = 8
@@ -43,13 +46,16 @@ MAX_WAITING_STOPS: Final = 8
 _MAX_ABOVE: Final = 1024
 _MAX_VIEWS: Final = 64
 _ID: Final = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+_SESSION_ID: Final = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 _CLICK_ID: Final = re.compile(r"([A-Za-z0-9_.:]{1,48})-([0-9]{1,15})")
 _STOP_SCOPES: Final = frozenset({"all", "cell", "thread", "zombies"})
 _VIEW_ACTIONS: Final = frozenset({"open", "alive", "close"})
 _KEYS: Final = {
-    "stop": frozenset({"type", "click_id", "scope", "cell", "tid", "force", "clicked_at"}),
+    "stop": frozenset({"type", "click_id", "scope", "cell", "tid", "force", "interrupt", "clicked_at"}),
     "stack": frozenset({"type", "click_id", "tid", "clicked_at"}),
     "view": frozenset({"type", "click_id", "view_id", "action", "client_time"}),
+    "restart": frozenset({"type", "click_id", "session", "clicked_at"}),
+    "reclaim": frozenset({"type", "click_id", "clicked_at"}),
 }
 
 #: Rejections the front end can cause: a few lines a minute at most.
@@ -64,12 +70,15 @@ class Rejected(ValueError):
 class Command:
     """A validated command from the front end."""
 
-    type: Literal["stop", "stack", "view"]
+    type: Literal["stop", "stack", "view", "restart", "reclaim"]
     click_id: str
     scope: ScopeKind = "all"
     cell: int | None = None
     tid: str | None = None
     force: bool = False
+    #: A stop of all that also interrupts the running cell (the panel's "Stop all"; "Stop background work" does not).
+    interrupt: bool = False
+    session: str | None = None
     view_id: str | None = None
     action: str | None = None
     client_time: float | None = None
@@ -79,9 +88,11 @@ class Command:
     received_at: float | None = None
 
     @property
-    def stop_key(self) -> tuple[str, int | None, str | None, bool]:
-        """Two stop commands with the same key are the same stop."""
-        return (self.scope, self.cell, self.tid, self.force)
+    def stop_key(self) -> tuple[Any, ...]:
+        """Two commands with the same key are the same action (a stop, a restart of one session, a reclaim)."""
+        if self.type == "stop":
+            return ("stop", self.scope, self.cell, self.tid, self.force, self.interrupt)
+        return (self.type, self.session)
 
 
 def is_number(value: object) -> bool:
@@ -110,10 +121,12 @@ def parse_command(
     *,
     thread_exists: Callable[[str], bool],
     cell_exists: Callable[[int], bool],
+    session_exists: Callable[[str], bool] | None = None,
 ) -> Command:
     """Validate a command from the front end against the ids this kernel issued; raise :class:`Rejected`.
 
-    ``thread_exists(tid)`` must be true only for live threads a cell started.
+    ``thread_exists(tid)`` must be true only for live threads a cell started; ``session_exists(sid)`` only for
+    sessions whose runners can be restarted (None: no session can).
     """
     if not isinstance(content, Mapping):
         raise Rejected("not an object")
@@ -140,6 +153,15 @@ def parse_command(
         )
     if kind == "stack":
         return Command("stack", click_id, tid=_known_thread(content, thread_exists), clicked_at=clicked_at)
+    if kind == "restart":
+        session = content.get("session")
+        if not isinstance(session, str) or not _SESSION_ID.fullmatch(session):
+            raise Rejected("session must be 1-128 characters of [A-Za-z0-9_.:-]")
+        if session_exists is None or not session_exists(session):
+            raise Rejected(f"no session whose runners can be restarted has the id {session!r}")
+        return Command("restart", click_id, session=session, clicked_at=clicked_at)
+    if kind == "reclaim":
+        return Command("reclaim", click_id, clicked_at=clicked_at)
     return _parse_stop(content, click_id, clicked_at, thread_exists, cell_exists)
 
 
@@ -163,6 +185,11 @@ def _parse_stop(
     force = content.get("force", False)
     if not isinstance(force, bool):
         raise Rejected("force must be true or false")
+    interrupt = content.get("interrupt", False)
+    if not isinstance(interrupt, bool):
+        raise Rejected("interrupt must be true or false")
+    if interrupt and scope != "all":
+        raise Rejected("interrupt goes only with scope all")
     cell: int | None = None
     tid: str | None = None
     if scope == "cell":
@@ -176,7 +203,9 @@ def _parse_stop(
         tid = _known_thread(content, thread_exists)
     elif "tid" in content:
         raise Rejected("tid goes only with scope thread")
-    return Command("stop", click_id, scope=scope, cell=cell, tid=tid, force=force, clicked_at=clicked_at)
+    return Command(
+        "stop", click_id, scope=scope, cell=cell, tid=tid, force=force, interrupt=interrupt, clicked_at=clicked_at
+    )
 
 
 def reject(why: Rejected, content: object) -> None:
@@ -233,19 +262,25 @@ class ClickLedger:
 
 
 # -------------------------------------------------------------------------------------------------- stops
-RunStop = Callable[[Command], StopReport]
-StopDone = Callable[[list[Command], StopReport], None]
+RunStop = Callable[[Command], Any]
+StopDone = Callable[[list[Command], Any], None]
 
 
 class StopRunner:
-    """Runs the panel's stops one after another on its own thread; equal clicks join the stop that waits or runs.
+    """Runs the panel's actions (stops, restarts, reclaims) one after another on its own thread; equal clicks join
+    the action that waits or runs.
 
-    ``run(command)`` performs one stop; ``done(commands, report)`` is told every click that the stop answered.
+    ``run(command)`` performs one action and returns its report; ``done(commands, report)`` is told every click
+    that the action answered. An action that raises is logged, and answered with ``error(commands, exc)``
+    when given.
     """
 
-    def __init__(self, run: RunStop, done: StopDone) -> None:
+    def __init__(
+        self, run: RunStop, done: StopDone, error: Callable[[list[Command], Exception], None] | None = None
+    ) -> None:
         self._run = run
         self._done = done
+        self._error = error
         self._lock = threading.Lock()  # guards _waiting, _current, _current_key, _thread, _stopping
         self._wake = threading.Condition(self._lock)
         self._waiting: OrderedDict[tuple[Any, ...], list[Command]] = OrderedDict()
@@ -270,8 +305,11 @@ class StopRunner:
                 waiting.append(command)
                 return
             if len(self._waiting) >= MAX_WAITING_STOPS:
-                self._dropped("nbcoord: %d different stops are already waiting; a %s stop click was dropped",
-                              len(self._waiting), command.scope)
+                self._dropped(
+                    "nbcoord: %d different stops are already waiting; a %s stop click was dropped",
+                    len(self._waiting),
+                    command.scope,
+                )
                 return
             self._waiting[key] = [command]
             if self._thread is None:
@@ -304,16 +342,19 @@ class StopRunner:
                     return
                 key, commands = self._waiting.popitem(last=False)
                 self._current, self._current_key = commands, key
+            failure: Exception | None = None
             try:
                 report = self._run(commands[0])
                 self.stops_run += 1
-            except Exception:
-                log.warning("nbcoord: a panel stop failed", exc_info=True)
-                report = None
+            except Exception as error:
+                log.warning("nbcoord: a panel %s failed", commands[0].type, exc_info=True)
+                report, failure = None, error
             with self._lock:
                 answered, self._current, self._current_key = commands, None, None
-            if report is not None:
-                try:
+            try:
+                if report is not None:
                     self._done(answered, report)
-                except Exception:
-                    log.warning("nbcoord: reporting a panel stop failed", exc_info=True)
+                elif failure is not None and self._error is not None:
+                    self._error(answered, failure)
+            except Exception:
+                log.warning("nbcoord: reporting a panel %s failed", commands[0].type, exc_info=True)

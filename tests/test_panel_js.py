@@ -1,8 +1,9 @@
 """The panel's ES module alone, in a blank Chromium page, with a small fake anywidget model.
 
 The module is served through ``page.route`` (Chromium refuses module imports from file://). Timers run on
-Playwright's fake clock, so the view's lease renewal (every 20 s), the idle figures and the "kernel busy in
-native code" banner are checked without waiting. No Jupyter here: see test_browser.py for the real thing.
+Playwright's fake clock, so the view's lease renewal (every 20 s), the idle figures, the acknowledgement deadline
+of a click and the "kernel busy" banners are checked without waiting. No Jupyter here: see test_browser.py for the
+real thing, where each point is checked again in JupyterLab and Notebook 7.
 """
 
 from __future__ import annotations
@@ -21,29 +22,40 @@ pytestmark = pytest.mark.browser
 REPO = Path(__file__).resolve().parents[1]
 ORIGIN = "http://nbcoord.test"
 HOSTILE = "<img src=x onerror=alert(1)>"
+#: A name with a right-to-left override, a newline, a NUL and a zero-width joiner.
+BIDI = "evil\u202eexe.txt\nnext\x00\u200d"
 
 HARNESS = """<!doctype html>
 <html><head><meta charset="utf-8"></head><body>
 <div id="host"></div>
 <script type="module">
-import panel, { sendCommand } from "/panel.js";
+import panel, { sendCommand, safe } from "/panel.js";
+class Signal {
+  constructor() { this.slots = []; }
+  connect(fn) { this.slots.push(fn); }
+  disconnect(fn) { this.slots = this.slots.filter((f) => f !== fn); }
+  emit(value) { for (const fn of this.slots) fn(this, value); }
+}
 class FakeModel {
   constructor(state) {
     this.state = structuredClone(state);
     this.listeners = new Map();
     this.sent = [];
     this.control = [];
+    this.refuse = false;
     const control = this.control;
-    this.widget_manager = { kernel: {
-      username: "u", clientId: "c",
+    this.kernel = {
+      username: "u", clientId: "c", status: "idle", statusChanged: new Signal(),
       sendControlMessage(msg, expectReply, dispose) { control.push({ msg, expectReply, dispose }); return null; },
-    } };
+    };
+    this.widget_manager = { kernel: this.kernel };
   }
   get(name) { return this.state[name]; }
   set(name, value) {
     this.state[name] = value;
-    for (const cb of this.listeners.get(`change:${name}`) || []) cb();
+    this.trigger(`change:${name}`);
   }
+  trigger(event) { for (const cb of this.listeners.get(event) || []) cb(); }
   on(event, cb) {
     if (!this.listeners.has(event)) this.listeners.set(event, []);
     this.listeners.get(event).push(cb);
@@ -53,8 +65,16 @@ class FakeModel {
     const i = list.indexOf(cb);
     if (i >= 0) list.splice(i, 1);
   }
-  send(content) { this.sent.push(structuredClone(content)); }
-  listenerCount() { let n = 0; for (const l of this.listeners.values()) n += l.length; return n; }
+  send(content) {
+    if (this.refuse) throw new Error("Cannot send");
+    this.sent.push(structuredClone(content));
+  }
+  kernelStatus(status) { this.kernel.status = status; this.kernel.statusChanged.emit(status); }
+  listenerCount() {
+    let n = this.kernel.statusChanged.slots.length;
+    for (const l of this.listeners.values()) n += l.length;
+    return n;
+  }
 }
 window.mount = (state) => {
   const el = document.createElement("div");
@@ -67,6 +87,7 @@ window.mount = (state) => {
   return true;
 };
 window.sendCommand = sendCommand;
+window.safe = safe;
 window.harnessReady = true;
 </script></body></html>"""
 
@@ -80,6 +101,7 @@ def thread(tid: str, name: str, cell: int | None, **extra: Any) -> dict[str, Any
         "cell": cell,
         "state": "running",
         "zombie": None,
+        "reasons": [],
         "daemon": True,
         "owners": [],
         "started_at": NOW - 100,
@@ -92,38 +114,63 @@ def thread(tid: str, name: str, cell: int | None, **extra: Any) -> dict[str, Any
     return row
 
 
+def header(**extra: Any) -> dict[str, Any]:
+    value: dict[str, Any] = {
+        "pid": 4242,
+        "threads": 3,
+        "threads_shown": 3,
+        "items": 0,
+        "kernel_threads": 8,
+        "native_threads": 21,
+        "zombies": 1,
+        "queues": 0,
+        "running_cell": None,
+        "running_since": None,
+        "route": "shell-channel",
+        "interval": 1.0,
+        "reclaim": False,
+    }
+    value.update(extra)
+    return value
+
+
 def base_state(**override: Any) -> dict[str, Any]:
     state: dict[str, Any] = {
-        "header": {
-            "pid": 4242,
-            "threads": 3,
-            "threads_shown": 3,
-            "kernel_threads": 8,
-            "zombies": 1,
-            "queues": 0,
-            "running_cell": None,
-            "running_since": None,
-            "route": "shell-channel",
-            "interval": 1.0,
-        },
+        "header": header(),
         "threads": [
+            thread(
+                "t3",
+                "leaked",
+                1,
+                zombie="cell-interrupted",
+                reasons=[["cell-interrupted", NOW - 150], ["stop-ignored", NOW - 60]],
+                daemon=False,
+            ),
             thread("t1", "loader-0", 2),
             thread("t2", "loader-1", 2, state="waiting", last_active=NOW - 42),
-            thread("t3", "leaked", 1, zombie="cell-interrupted", daemon=False),
+        ],
+        "ledger": [],
+        "groups": [
+            {"key": "zombies", "cell": None, "threads": 1, "items": 0},
+            {"key": "c2", "cell": 2, "threads": 2, "items": 0},
         ],
         "cells": [
             {"n": 1, "line": "start_leak()", "outcome": "interrupted", "started_at": NOW - 200, "ended_at": NOW - 150},
             {"n": 2, "line": "start_loaders()", "outcome": "ok", "started_at": NOW - 100, "ended_at": NOW - 99},
         ],
+        "cell_memory": [],
+        "sessions": [],
         "queues": [],
         "blocked": [],
         "resources": None,
         "failures": [],
         "history": {},
         "last_stop": None,
+        "outcome": None,
         "stack": None,
         "clock": None,
         "beat": None,
+        "ack": None,
         "_fast_route": {"kind": "shell-channel", "comm_id": "abc"},
     }
     state.update(override)
@@ -145,11 +192,11 @@ FULL_EXTRAS: dict[str, Any] = {
         {"id": "q2", "name": "unbounded", "capacity": -1, "size": 3, "closed": True},
     ],
     "blocked": [
-        {"text": "MainThread has waited 12 s in sess.run on dequeue of input_queue (0 of 10)"},
-        {"text": "train blocked {duration} in dequeue of queue `input_queue`", "since": NOW - 4},
+        {"text": "MainThread has waited 12 s in sess.run on dequeue of input_queue (0 of 10)", "count": 1},
+        {"text": "train blocked {duration} in dequeue of queue `input_queue`", "since": NOW - 4, "count": 3},
     ],
     "resources": {
-        "host": {"rss": 300 << 20, "children_rss": 0, "available": 8 << 30, "total": 16 << 30},
+        "host": {"rss": 300 << 20, "children_rss": 0, "total": 16 << 30},
         "gpu": {"available": False, "reason": "no NVIDIA driver", "devices": [], "tf_note": None},
         "native_threads": 21,
         "children": [{"pid": 77, "cmdline": "sleep 100", "status": "sleeping", "rss": 1 << 20, "cell": 2}],
@@ -167,6 +214,47 @@ FULL_EXTRAS: dict[str, Any] = {
             "traceback": "Traceback (most recent call last):\nValueError: bad row",
             "at": NOW - 20,
         }
+    ],
+    "sessions": [
+        {
+            "id": "sess-1",
+            "target": "",
+            "closed": False,
+            "cell": 2,
+            "runner_threads": 2,
+            "stuck_runners": 1,
+            "restartable": True,
+            "runners": [
+                {
+                    "tid": "t1",
+                    "name": "QueueRunnerThread-a",
+                    "role": "enqueue",
+                    "queue_name": "input_queue",
+                    "stuck": False,
+                },
+                {
+                    "tid": "t2",
+                    "name": "QueueRunnerThread-b",
+                    "role": "enqueue",
+                    "queue_name": "input_queue",
+                    "stuck": True,
+                    "text": "QueueRunnerThread-b is stuck: no enqueue for {duration}",
+                    "since": NOW - 35,
+                },
+            ],
+        }
+    ],
+    "cell_memory": [
+        {
+            "cell": 2,
+            "held": True,
+            "rss_before": 100 << 20,
+            "rss_after": 100 << 20,
+            "rss_peak": 100 << 20,
+            "gpu_before": 0,
+            "gpu_after": int(2.1 * (1 << 30)),
+            "gpu_peak": 3 << 30,
+        },
     ],
 }
 
@@ -222,7 +310,35 @@ def commands(page: Any, kind: str) -> list[dict[str, Any]]:
     return [c for c in sent(page) if c["type"] == kind]
 
 
-def test_renders_threads_by_cell_zombies_first(page: Any) -> None:
+def panel_text(page: Any) -> str:
+    return str(page.locator("[data-nbcoord=panel]").inner_text())
+
+
+def report(click_id: str, **extra: Any) -> dict[str, Any]:
+    value: dict[str, Any] = {
+        "scope": "all",
+        "cell": None,
+        "force": False,
+        "started_at": NOW,
+        "took_s": 0.123,
+        "stopped_count": 2,
+        "alive_count": 0,
+        "stopped": [],
+        "alive": [],
+        "items_stopped": 0,
+        "items_alive": [],
+        "stopper_errors": [],
+        "children": {"terminated": [], "killed": [], "alive": []},
+        "click_id": click_id,
+        "click_ids": [click_id],
+        "route": "shell-channel",
+    }
+    value.update(extra)
+    return value
+
+
+# ------------------------------------------------------------------------------------------------ drawing
+def test_renders_threads_by_cell_zombies_first_and_a_zombie_names_its_cell(page: Any) -> None:
     mount(page, base_state())
     panel = page.locator("[data-nbcoord=panel]")
     assert "kernel 4242" in panel.inner_text()
@@ -233,96 +349,177 @@ def test_renders_threads_by_cell_zombies_first(page: Any) -> None:
     assert "start_loaders()" in groups[1]
     rows = page.locator(".nbc-row")
     assert rows.count() == 3
-    assert "leaked" in rows.nth(0).inner_text()
-    assert "zombie: cell interrupted" in rows.nth(0).inner_text()
-    assert "its cell was interrupted" in str(rows.nth(0).locator(".nbc-info").get_attribute("title"))
+    zombie = rows.nth(0)
+    assert "leaked" in zombie.inner_text()
+    # Point 2: the cell (number and first line) and the accumulated reasons, first cause first.
+    info = zombie.locator(".nbc-info")
+    assert info.inner_text() == "cell [1] was interrupted, then ignored a stop · start_leak() · non-daemon"
+    title = str(info.get_attribute("title"))
+    assert "its cell was interrupted (since" in title
+    assert title.index("its cell was interrupted") < title.index("it ignored a stop request")
     assert "idle 42 s" in page.locator(".nbc-row[data-tid=t2]").inner_text()
     assert "active" in page.locator(".nbc-row[data-tid=t1]").inner_text()
-    # Sections with no data draw nothing.
+    assert "21 native threads" in page.locator(".nbc-status").inner_text()
     text = panel.inner_text()
-    for absent in ("Queues", "Memory", "Thread failures", "Last stop"):
+    for absent in ("Queues", "Memory", "Thread failures", "Last stop", "TensorFlow sessions"):
         assert absent not in text
-    # The view announced itself, with its clock for skew correction.
     (view,) = commands(page, "view")
     assert view["action"] == "open"
     assert view["client_time"] == pytest.approx(NOW * 1000, abs=5000)
 
 
-def test_draws_queues_memory_failures_with_svg(page: Any) -> None:
+def test_draws_queues_memory_failures_sessions_with_ranges(page: Any) -> None:
     mount(page, base_state(**FULL_EXTRAS))
-    text = page.locator("[data-nbcoord=panel]").inner_text()
+    text = panel_text(page)
     assert "input_queue" in text
     assert "7 / 10" in text
     assert "in 12.0/s · out 11.5/s" in text
     assert "2 runners" in text
     assert "MainThread has waited 12 s in sess.run" in text
     assert "3 (unbounded)" in text
-    # The kernel leaves a blocked run's growing duration to the module, which counts it from "since".
+    # Identical blocked sentences come merged from the kernel, with a count; the duration grows here.
+    assert re.search(r"train blocked \d+\.\d s in dequeue of queue `input_queue` \(\u00d73\)", text), text
     first = blocked_seconds(text)
     assert 4 <= first < 5
     page.clock.run_for(2_000)
-    assert blocked_seconds(page.locator("[data-nbcoord=panel]").inner_text()) == pytest.approx(first + 2, abs=0.2)
+    assert blocked_seconds(panel_text(page)) == pytest.approx(first + 2, abs=0.2)
     assert "300.0 MiB resident" in text
     assert "GPU: no NVIDIA driver" in text
-    assert "21 native threads" in text
     assert "sleep 100" in text
     assert "ValueError: bad row" in text
-    # Bars and sparklines are SVG: the 7/10 bar is 70 % filled, sparklines have a drawn path.
+    # Point 8: each sparkline says its current value and its range.
+    assert page.locator(".nbc-q").first.locator("[data-range]").inner_text() == "now 7 · range 2\u20139"
+    assert (
+        page.locator(".nbc-mem").first.locator("[data-range]").inner_text()
+        == "now 300.0 MiB · range 200.0 MiB\u2013300.0 MiB"
+    )
     fill = page.locator(".nbc-q").first.locator("rect.nbc-bar")
     assert float(fill.get_attribute("width")) == pytest.approx(84.0)
     assert page.locator(".nbc-q").first.locator("path.nbc-spark").count() == 1
-    assert page.locator(".nbc-mem").first.locator("path.nbc-spark").count() == 1
+    # Point 8: the TensorFlow sessions, a stuck runner's sentence counting, and a restart button.
+    sessions = page.locator("[data-section=sessions]")
+    assert "session sess-1" in sessions.inner_text()
+    assert "1 stuck" in sessions.inner_text()
+    assert re.search(r"QueueRunnerThread-b is stuck: no enqueue for 3\d\.\d s", sessions.inner_text())
+    assert "queue input_queue: 1 runner thread working" in sessions.inner_text()
+    sessions.get_by_role("button", name="Restart runners").click()
+    (restart,) = commands(page, "restart")
+    assert restart["session"] == "sess-1"
+    sessions.get_by_role("button", name="Restarting…").wait_for()
+    set_trait(
+        page,
+        "outcome",
+        {
+            "kind": "restart",
+            "ok": True,
+            "session": "sess-1",
+            "text": "restarted 2 runners",
+            "click_ids": [restart["click_id"]],
+            "started_at": NOW,
+        },
+    )
+    sessions.get_by_role("button", name="Restart runners").wait_for()
+    assert "restarted 2 runners" in page.locator("[data-section=outcome]").inner_text()
+    # Cell memory: what a cell still holds, in words, in the memory section and on its group.
+    assert "cell [2]: +2.1 GiB on the GPU, still held" in text
+    assert "+2.1 GiB on the GPU, still held" in page.locator(".nbc-group[data-group=c2] .nbc-ghead").inner_text()
     # A failure's traceback opens on click.
     page.locator(".nbc-ghead", has_text="bad row").click()
-    assert "Traceback (most recent call last)" in page.locator(".nbc-pre").inner_text()
+    assert "Traceback (most recent call last)" in page.locator("[data-section=failures] .nbc-pre").inner_text()
 
 
-def test_redraws_when_a_trait_changes(page: Any) -> None:
+def test_ledger_items_are_drawn_with_the_threads_of_their_cell(page: Any) -> None:
+    item = {
+        "id": "task-3",
+        "kind": "task",
+        "label": "Task poll_forever()",
+        "cell": 2,
+        "state": "waiting",
+        "zombie": None,
+        "reasons": [],
+        "started_at": NOW - 50,
+        "detail": "waits in asyncio.sleep",
+        "pids": [],
+    }
+    groups = [
+        {"key": "zombies", "cell": None, "threads": 1, "items": 0},
+        {"key": "c2", "cell": 2, "threads": 2, "items": 1},
+    ]
+    mount(page, base_state(ledger=[item], groups=groups, header=header(items=1)))
+    group = page.locator(".nbc-group[data-group=c2]")
+    assert "2 threads, 1 task" in group.locator(".nbc-ghead").inner_text()
+    row = group.locator(".nbc-row[data-item=task-3]")
+    assert "Task poll_forever()" in row.inner_text()
+    assert "waits in asyncio.sleep" in row.inner_text()
+    assert row.get_by_role("button").count() == 0  # its stop is the cell's (or the zombies')
+    group.get_by_role("button", name="stop cell").click()
+    assert commands(page, "stop")[-1]["scope"] == "cell"
+
+
+# ------------------------------------------------------------------------------------------- keyed updates
+def test_an_update_touches_only_the_rows_that_changed(page: Any) -> None:
+    rows = [thread(f"t{i}", f"worker-{i}", 2) for i in range(40)]
+    groups = [{"key": "c2", "cell": 2, "threads": 40, "items": 0}]
+    mount(page, base_state(threads=rows, groups=groups, header=header(threads=40, zombies=0)))
+    # Open a stack, scroll the box, focus a stop button: all three must survive updates.
+    page.locator(".nbc-row[data-tid=t5]").get_by_role("button", name="stack").click()
+    set_trait(page, "stack", {"tid": "t5", "stack": ["a.py:1 in main"], "creation": [], "click_id": "x", "at": NOW})
+    page.locator(".nbc-row[data-tid=t30]").get_by_role("button", name="stop").focus()
+    page.evaluate("document.querySelector('.nbc-scroll').scrollTop = 120")
+    page.evaluate(
+        """() => { window.marks = new Map();
+        for (const n of document.querySelectorAll('.nbc-unit')) { n.dataset.mark = '1'; }
+        window.mutated = new Set();
+        window.observer = new MutationObserver((records) => { for (const r of records) {
+            const unit = (r.target.nodeType === 1 ? r.target : r.target.parentElement).closest('.nbc-unit');
+            if (unit) window.mutated.add(unit.querySelector('.nbc-row').dataset.tid); } });
+        window.observer.observe(document.querySelector('.nbc-scroll'),
+            { subtree: true, childList: true, characterData: true, attributes: true }); }"""
+    )
+    changed = [dict(r) for r in rows]
+    changed[7] = {**changed[7], "state": "waiting", "last_active": NOW - 30}
+    set_trait(page, "threads", changed)
+    page.evaluate("new Promise((resolve) => queueMicrotask(resolve))")
+    mutated = page.evaluate("(() => { window.observer.takeRecords(); return [...window.mutated]; })()")
+    assert mutated == ["t7"]
+    assert page.evaluate("document.querySelectorAll('.nbc-unit:not([data-mark])').length") == 0  # no row rebuilt
+    assert page.evaluate("document.querySelector('.nbc-scroll').scrollTop") == 120
+    assert page.evaluate("document.activeElement.closest('.nbc-row').dataset.tid") == "t30"
+    assert (
+        "a.py:1 in main"
+        in page.locator(".nbc-unit", has=page.locator("[data-tid=t5]")).locator(".nbc-pre").inner_text()
+    )
+    assert "idle 30 s" in page.locator(".nbc-row[data-tid=t7]").inner_text()
+
+
+# ----------------------------------------------------------------------------------------------- stops
+def test_stop_all_interrupts_and_stop_background_work_does_not(page: Any) -> None:
     mount(page, base_state())
-    rows = base_state()["threads"] + [thread("t9", "late-thread", 3)]
-    set_trait(page, "cells", [*base_state()["cells"], {"n": 3, "line": "go()", "outcome": "running"}])
-    set_trait(page, "threads", rows)
-    page.locator(".nbc-row[data-tid=t9]").wait_for()
-    assert "Cell [3]" in page.locator(".nbc-group").last.inner_text() or "Cell [3]" in page.inner_text("body")
-    set_trait(page, "header", {**base_state()["header"], "zombies": 0})
-    page.locator(".nbc-chip", has_text="0 zombies").wait_for()
-
-
-def test_stop_all_sends_a_command_and_shows_its_report(page: Any) -> None:
-    mount(page, base_state())
-    button = page.get_by_role("button", name="Stop all")
-    button.click()
+    page.get_by_role("button", name="Stop all").click()
     (stop,) = commands(page, "stop")
-    assert stop["scope"] == "all"
+    assert (stop["scope"], stop["interrupt"]) == ("all", True)
     assert isinstance(stop["click_id"], str) and 0 < len(stop["click_id"]) <= 64
     assert stop["clicked_at"] == pytest.approx(NOW * 1000, abs=5000)
     page.get_by_role("button", name="Stopping…").wait_for()
-    report: dict[str, Any] = {
-        "scope": "all",
-        "cell": None,
-        "force": False,
-        "started_at": NOW,
-        "took_s": 0.123,
-        "stopped_count": 2,
-        "stopped": [],
-        "alive": [{"tid": "t3", "name": "leaked", "cell": 1, "reason": "ignored the stop request at x.py:3 in run"}],
-        "stopper_errors": [],
-        "children": {"terminated": [], "killed": [], "alive": []},
-        "click_id": stop["click_id"],
-        "route": "shell-channel",
-    }
-    set_trait(page, "last_stop", report)
+    page.get_by_role("button", name="Stop background work").click()
+    background = commands(page, "stop")[-1]
+    assert background["scope"] == "all" and "interrupt" not in background
+    alive = [{"tid": "t3", "name": "leaked", "cell": 1, "reason": "ignored the stop request at x.py:3 in run"}]
+    last = report(stop["click_id"], alive=alive, alive_count=1, interrupt={"cell": 5, "sent": True, "why": None})
+    set_trait(page, "last_stop", last)
     page.get_by_role("button", name="Stop all").wait_for()
-    last = page.locator("[data-section=last-stop]").inner_text()
-    assert "2 stopped, 1 still alive" in last
-    assert "123 ms" in last
-    assert "leaked (t3): ignored the stop request" in last
+    page.get_by_role("button", name="Stopping…").wait_for()  # the background stop still waits for its answer
+    text = page.locator("[data-section=last-stop]").inner_text()
+    assert "2 stopped, 1 still alive" in text
+    assert "123 ms" in text
+    assert "Interrupted cell [5], which was still running." in text
+    assert "leaked (t3): ignored the stop request" in text
     page.get_by_role("button", name="force stop").click()
     force = commands(page, "stop")[-1]
     assert (force["scope"], force["force"]) == ("all", True)
 
 
-def test_row_and_cell_actions(page: Any) -> None:
+def test_a_row_or_cell_stop_leaves_stop_all_alone(page: Any) -> None:
     mount(page, base_state())
     page.locator(".nbc-row[data-tid=t1]").get_by_role("button", name="stop").click()
     page.get_by_role("button", name="stop cell").click()
@@ -330,40 +527,186 @@ def test_row_and_cell_actions(page: Any) -> None:
     scopes = [(c["scope"], c.get("tid"), c.get("cell")) for c in commands(page, "stop")]
     assert scopes == [("thread", "t1", None), ("cell", None, 2), ("zombies", None, None)]
     assert len({c["click_id"] for c in commands(page, "stop")}) == 3
-    # Stack on demand: a request, then the kernel's answer is drawn under the row.
+    # Point 7: each clicked button waits; Stop all does not turn into "Stopping…".
+    assert page.get_by_role("button", name="Stop all").is_visible()
+    assert page.get_by_role("button", name="Stopping…", exact=True).count() == 0
+    assert page.locator(".nbc-row[data-tid=t1]").get_by_role("button", name="stopping…").is_visible()
+    # Stack on demand: a request, then the kernel's answer is drawn under the row, after the full name.
     page.locator(".nbc-row[data-tid=t2]").get_by_role("button", name="stack").click()
     (request,) = commands(page, "stack")
     assert request["tid"] == "t2"
-    assert "asking the kernel" in page.locator(".nbc-pre").inner_text()
+    pre = page.locator(".nbc-unit", has=page.locator(".nbc-row[data-tid=t2]")).locator(".nbc-pre")
+    assert "asking the kernel" in pre.inner_text()
     set_trait(page, "stack", {"tid": "t2", "stack": ["a.py:1 in main", "b.py:9 in wait"], "creation": ["c.py:4 in go"]})
     page.locator(".nbc-pre", has_text="b.py:9 in wait").wait_for()
-    # Collapsing a group hides its rows.
+    assert pre.inner_text().startswith("loader-1 (t2)")
     page.locator(".nbc-ghead", has_text="Cell [2]").locator(".nbc-caret").click()
-    assert page.locator(".nbc-row[data-tid=t1]").count() == 0
+    assert page.locator(".nbc-row[data-tid=t1]").is_hidden()
 
 
-def test_control_route_also_sends_on_the_control_channel(page: Any) -> None:
-    mount(page, base_state(_fast_route={"kind": "control", "comm_id": "comm-1"}))
+def test_counts_add_up_at_a_thousand_threads(page: Any) -> None:
+    rows = [thread(f"t{i}", f"worker-{i}", 3) for i in range(1000)]
+    groups = [{"key": "c3", "cell": 3, "threads": 1000, "items": 0}]
+    cells = [{"n": 3, "line": "start(1000)", "outcome": "ok", "started_at": NOW - 10, "ended_at": NOW - 9}]
+    mount(page, base_state(threads=rows, groups=groups, cells=cells, header=header(threads=1000, zombies=0)))
+    assert "1000 threads" in page.locator(".nbc-head").inner_text()
+    group = page.locator(".nbc-group[data-group=c3]")
+    assert "1000 threads" in group.locator(".nbc-ghead").inner_text()
+    assert page.locator(".nbc-row").count() == 50
+    # What is cut is said once, with the true number, and can be expanded.
+    assert panel_text(page).count("of 1000") == 1
+    assert "Showing 50 of 1000." in group.locator(".nbc-more").inner_text()
+    group.get_by_role("button", name="Show all 1000").click()
+    assert page.locator(".nbc-row").count() == 1000
+    assert "Showing" not in group.locator(".nbc-more").inner_text()
+    # A filter by name, cell or state.
+    page.get_by_role("searchbox").fill("worker-99")
+    assert sorted(page.locator(".nbc-row .nbc-name").all_inner_texts()) == [
+        "worker-99",
+        *[f"worker-99{i}" for i in range(10)],
+    ]
+    assert "11 of 1000 threads match" in group.locator(".nbc-ghead").inner_text()
+    page.get_by_role("searchbox").fill("nothing-like-it")
+    assert 'No thread or task matches "nothing-like-it".' in panel_text(page)
+    page.get_by_role("searchbox").fill("")
+    # The kernel sent 2000 of 5000: said once, in the section title.
+    set_trait(page, "header", header(threads=5000, threads_shown=1000, zombies=0))
+    assert "the kernel lists the first 1000 of 5000" in page.locator("[data-section=threads]").inner_text()
+    # After a stop: true counts, a scroll box for what is still alive, and what is cut said once.
+    alive = [{"tid": f"t{i}", "name": f"worker-{i}", "cell": 3, "reason": "ignored the stop"} for i in range(200)]
+    set_trait(page, "last_stop", report("x-1", stopped_count=700, alive_count=300, alive=alive))
+    last = page.locator("[data-section=last-stop]")
+    assert "700 stopped, 300 still alive" in last.inner_text()
+    assert last.locator(".nbc-scroll .nbc-why").count() == 20
+    assert "Showing 20 of 300 still alive." in last.inner_text()
+    last.get_by_role("button", name="Show 200").click()
+    assert last.locator(".nbc-scroll .nbc-why").count() == 200
+    assert last.locator(".nbc-scroll").evaluate(
+        "(n) => n.scrollHeight > n.clientHeight && getComputedStyle(n).overflowY"
+    )
+    set_trait(page, "threads", [])
+    set_trait(page, "groups", [])
+    set_trait(page, "last_stop", report("x-2", stopped_count=1000))
+    assert "No thread started by a cell is running: the stop at" in panel_text(page)
+    assert "stopped 1000 threads." in panel_text(page)
+
+
+# ------------------------------------------------------------------------------------ busy, stale, clocks
+def test_an_unanswered_click_says_busy_in_a_c_call_within_a_second(page: Any) -> None:
+    mount(page, base_state(header=header(running_cell=5, running_since=NOW - 3)))
+    banner = page.locator(".nbc-banner")
+    page.get_by_role("button", name="Stop background work").click()
+    page.clock.run_for(500)
+    assert banner.is_hidden()
+    page.clock.run_for(400)  # 0.9 s after the click: no acknowledgement came
+    assert banner.is_visible()
+    text = banner.inner_text()
+    assert "busy in a C call since" in text
+    assert "the stop will act when the call returns" in text
+    assert re.search(r"since \d\d:\d\d:\d\d", text)
+    (stop,) = commands(page, "stop")
+    set_trait(page, "ack", {"click_id": stop["click_id"], "type": "stop", "at": NOW + 2, "route": "shell-channel"})
+    page.clock.run_for(1_000)
+    assert banner.is_hidden()  # taken: the kernel runs Python again
+
+
+def test_beats_that_stop_while_a_cell_runs_are_shown(page: Any) -> None:
+    head = header(running_cell=5, running_since=NOW)
+    mount(page, base_state(header=head))
+    banner = page.locator(".nbc-banner")
+    assert banner.is_hidden()
+    page.clock.run_for(2_000)
+    set_trait(page, "beat", {"at": NOW + 2, "every": 1.0})
+    page.clock.run_for(2_000)
+    assert banner.is_hidden()
+    page.clock.run_for(3_000)  # 5 s without a beat at a 1 s interval
+    assert "busy in native code" in banner.inner_text()
+    set_trait(page, "beat", {"at": NOW + 7, "every": 1.0})
+    page.clock.run_for(1_000)
+    assert banner.is_hidden()
+    set_trait(page, "beat", {"at": NOW + 8, "every": 4.0})  # a kernel that ticks less often says so
+    page.clock.run_for(5_000)
+    assert banner.is_hidden()
+    page.clock.run_for(9_000)
+    assert banner.is_visible()
+
+
+def test_a_view_whose_kernel_is_gone_says_so_and_sends_nothing(page: Any) -> None:
+    mount(page, base_state(last_stop=report("old-1", started_at=NOW - 5)))
+    last = page.locator("[data-section=last-stop]")
+    assert "5 s ago" in last.inner_text()
+    # Relative times count in the browser, with nothing sent by the kernel.
+    page.clock.run_for(3_000)
+    assert "8 s ago" in last.inner_text()
+    idle_before = idle_seconds(page, "t2")
+    # The widget manager marks the view disconnected when the kernel restarts.
+    page.evaluate("window.el.classList.add('jupyter-widgets-disconnected'); window.model.trigger('comm_live_update')")
+    page.clock.run_for(100)
+    banner = page.locator(".nbc-banner")
+    assert "The kernel of this panel is gone" in banner.inner_text()
+    assert "%nbcoord panel" in banner.inner_text()
+    assert page.locator("[data-nbcoord=panel].stale").count() == 1
+    buttons = page.locator("[data-nbcoord=panel] button")
+    assert buttons.count() > 0
+    assert all(buttons.nth(i).is_disabled() for i in range(buttons.count()))
+    before = len(sent(page))
+    page.evaluate("document.querySelector('[data-action=stop-all]').click()")
+    page.clock.run_for(21_000)  # no lease renewal either
+    assert len(sent(page)) == before
+    assert idle_seconds(page, "t2") in (idle_before, idle_before + 1)  # idle times stop counting
+    assert "kernel gone at" in page.locator(".nbc-status").inner_text()
+
+
+def test_a_restarting_kernel_or_a_refused_send_turns_the_view_stale(page: Any) -> None:
+    mount(page, base_state())
+    page.evaluate("window.model.kernelStatus('restarting')")
+    page.locator(".nbc-banner", has_text="the kernel restarted").wait_for()
+    page.evaluate("window.cleanup()")
+    mount(page, base_state())
+    page.evaluate("window.model.refuse = true")
+    page.get_by_role("button", name="Stop all").click()  # must not throw in the page (the fixture checks)
+    page.locator(".nbc-banner", has_text="refused a message").wait_for()
+    assert page.get_by_role("button", name="Stop all").is_disabled()
+
+
+def test_idle_times_follow_the_kernel_clock(page: Any) -> None:
+    skew = 3600.0  # the kernel's clock is an hour ahead of the browser's
+    mount(page, base_state())
+    (view,) = commands(page, "view")
+    rows = [thread("t1", "loader-0", 2, last_active=NOW + skew - 30)]
+    set_trait(page, "threads", rows)
+    clock = {"view_id": view["view_id"], "client_time": view["client_time"], "kernel_time": NOW + skew}
+    set_trait(page, "clock", clock)
+    page.clock.run_for(1_000)
+    first = idle_seconds(page, "t1")
+    assert 30 <= first <= 32
+    set_trait(page, "clock", {**clock, "view_id": "other", "kernel_time": NOW})
+    page.clock.run_for(1_000)
+    assert idle_seconds(page, "t1") in (first, first + 1, first + 2)
+
+
+def test_without_a_fast_route_a_click_waits_for_the_cell_and_says_so(page: Any) -> None:
+    head = header(running_cell=5, running_since=NOW, route="none")
+    mount(page, base_state(header=head, _fast_route={"kind": "none", "comm_id": "abc"}))
+    assert "no fast route" in page.locator(".nbc-status").inner_text()
     page.get_by_role("button", name="Stop all").click()
-    control = page.evaluate("window.model.control")
-    stops = [c for c in control if c["msg"]["content"]["data"]["content"]["type"] == "stop"]
-    assert len(stops) == 1
-    msg = stops[0]["msg"]
-    assert msg["channel"] == "control"
-    assert msg["header"]["msg_type"] == "comm_msg"
-    assert msg["content"]["comm_id"] == "comm-1"
-    assert stops[0]["expectReply"] is False
-    (ordinary,) = commands(page, "stop")
-    assert msg["content"]["data"]["content"] == ordinary  # same command, same click id, both routes
+    banner = page.locator(".nbc-banner")
+    for second in range(1, 7):  # beats keep coming: the kernel runs Python, the click waits for the cell
+        page.clock.run_for(1_000)
+        set_trait(page, "beat", {"at": NOW + second, "every": 1.0})
+    assert "Stop will act when cell [5] ends" in banner.inner_text()
+    assert page.evaluate("window.model.control.length") == 0
 
 
-def test_hostile_names_are_inert_text(page: Any) -> None:
+# ----------------------------------------------------------------------------------------------- safety
+def test_hostile_names_are_inert_and_control_characters_shown_escaped(page: Any) -> None:
     state = base_state(**FULL_EXTRAS)
-    state["threads"][0]["name"] = HOSTILE
-    state["threads"][0]["owners"] = [{"kind": "x", "label": HOSTILE, "closed": False}]
+    state["threads"][1]["name"] = HOSTILE
+    state["threads"][1]["owners"] = [{"kind": "x", "label": HOSTILE, "closed": False}]
+    state["threads"][2]["name"] = BIDI
     state["cells"][1]["line"] = HOSTILE
     state["queues"][0]["name"] = HOSTILE
-    state["blocked"] = [{"text": HOSTILE}]
+    state["blocked"] = [{"text": HOSTILE, "count": 1}]
     state["failures"][0]["message"] = HOSTILE
     state["resources"]["children"][0]["cmdline"] = HOSTILE
     mount(page, state)
@@ -371,7 +714,13 @@ def test_hostile_names_are_inert_text(page: Any) -> None:
     assert page.locator("[data-nbcoord=panel] img").count() == 0
     assert page.locator(".nbc-row[data-tid=t1] .nbc-name").text_content() == HOSTILE
     assert page.inner_text("body").count(HOSTILE) >= 6
-    # The page fixture asserts that no dialog opened and no script error occurred.
+    # Bidi overrides and control characters are shown as escapes, never applied.
+    name = page.locator(".nbc-row[data-tid=t2] .nbc-name")
+    assert name.text_content() == "evil\\u202eexe.txt\\nnext\\u0000\\u200d"
+    assert name.get_attribute("title") == "evil\\u202eexe.txt\nnext\\u0000\\u200d"
+    everything = page.evaluate("document.querySelector('[data-nbcoord=panel]').textContent")
+    assert not re.search("[\u202a-\u202e\u2066-\u2069\u200b-\u200f\x00-\x08]", everything)
+    assert page.evaluate("window.safe('a\\u2067b\\tc', true)") == "a\\u2067b\tc"
 
 
 def test_cleanup_removes_listeners_timers_and_says_goodbye(page: Any) -> None:
@@ -389,68 +738,41 @@ def test_cleanup_removes_listeners_timers_and_says_goodbye(page: Any) -> None:
     assert len(sent(page)) == before
 
 
-def test_unresponsive_kernel_is_shown_while_a_cell_runs(page: Any) -> None:
-    header = {**base_state()["header"], "running_cell": 5, "running_since": NOW}
-    mount(page, base_state(header=header))
-    banner = page.locator(".nbc-banner")
-    assert banner.is_hidden()
-    page.clock.run_for(2_000)
-    set_trait(page, "beat", {"at": NOW + 2, "every": 1.0})  # the kernel's sender is alive: no banner
-    page.clock.run_for(2_000)
-    assert banner.is_hidden()
-    page.clock.run_for(3_000)  # 5 s without a beat at a 1 s interval
-    assert banner.is_visible()
-    assert "busy in native code" in banner.inner_text()
-    assert "stop will act when it returns" in banner.inner_text()
-    set_trait(page, "beat", {"at": NOW + 7, "every": 1.0})
-    page.clock.run_for(1_000)
-    assert banner.is_hidden()
-    # A kernel that ticks less often (many threads) says so in its beat: 5 s of silence is then normal.
-    set_trait(page, "beat", {"at": NOW + 8, "every": 4.0})
-    page.clock.run_for(5_000)
-    assert banner.is_hidden()
-    page.clock.run_for(9_000)
-    assert banner.is_visible()
-    set_trait(page, "beat", {"at": NOW + 22, "every": 1.0})
-    page.clock.run_for(1_000)
-    # Idle kernel: silence is normal, but an unanswered click is not.
-    set_trait(page, "header", {**header, "running_cell": None})
-    page.clock.run_for(10_000)
-    assert banner.is_hidden()
+def test_control_route_also_sends_on_the_control_channel(page: Any) -> None:
+    mount(page, base_state(_fast_route={"kind": "control", "comm_id": "comm-1"}))
     page.get_by_role("button", name="Stop all").click()
-    page.clock.run_for(5_000)
-    assert banner.is_visible()
+    control = page.evaluate("window.model.control")
+    stops = [c for c in control if c["msg"]["content"]["data"]["content"]["type"] == "stop"]
+    assert len(stops) == 1
+    msg = stops[0]["msg"]
+    assert msg["channel"] == "control"
+    assert msg["header"]["msg_type"] == "comm_msg"
+    assert msg["content"]["comm_id"] == "comm-1"
+    assert stops[0]["expectReply"] is False
+    (ordinary,) = commands(page, "stop")
+    assert msg["content"]["data"]["content"] == ordinary
 
 
-def test_idle_times_follow_the_kernel_clock(page: Any) -> None:
-    skew = 3600.0  # the kernel's clock is an hour ahead of the browser's
+def test_reclaim_button_where_the_kernel_can(page: Any) -> None:
     mount(page, base_state())
-    (view,) = commands(page, "view")
-    rows = [thread("t1", "loader-0", 2, last_active=NOW + skew - 30)]
-    set_trait(page, "threads", rows)
-    clock = {"view_id": view["view_id"], "client_time": view["client_time"], "kernel_time": NOW + skew}
-    set_trait(page, "clock", clock)
-    page.clock.run_for(1_000)
-    # Without the correction this would read "active" (last_active is an hour in the browser's future).
-    first = idle_seconds(page, "t1")
-    assert 30 <= first <= 32
-    # Another view's clock echo is not ours.
-    set_trait(page, "clock", {**clock, "view_id": "other", "kernel_time": NOW})
-    page.clock.run_for(1_000)
-    assert idle_seconds(page, "t1") in (first, first + 1, first + 2)
-
-
-def blocked_seconds(text: str) -> float:
-    match = re.search(r"train blocked (\d+\.\d) s in dequeue", text)
-    assert match, text
-    return float(match.group(1))
-
-
-def idle_seconds(page: Any, tid: str) -> int:
-    text = page.locator(f".nbc-row[data-tid={tid}]").inner_text()
-    match = re.search(r"idle (\d+) s", text)
-    assert match, text
-    return int(match.group(1))
+    assert page.get_by_role("button", name="Reclaim memory").count() == 0
+    set_trait(page, "header", header(reclaim=True))
+    page.get_by_role("button", name="Reclaim memory").click()
+    (command,) = commands(page, "reclaim")
+    page.get_by_role("button", name="Reclaiming…").wait_for()
+    set_trait(
+        page,
+        "outcome",
+        {
+            "kind": "reclaim",
+            "ok": True,
+            "text": "freed 1.2 GiB on GPU 0",
+            "click_ids": [command["click_id"]],
+            "started_at": NOW,
+        },
+    )
+    page.get_by_role("button", name="Reclaim memory").wait_for()
+    assert "freed 1.2 GiB on GPU 0" in page.locator("[data-section=outcome]").inner_text()
 
 
 def test_follows_the_jupyterlab_theme(page: Any) -> None:
@@ -470,7 +792,6 @@ def test_follows_the_jupyterlab_theme(page: Any) -> None:
 
 
 def test_module_shape(page: Any) -> None:
-    # export default { render }, and render returns its cleanup.
     kinds = page.evaluate(
         """async () => { const m = await import('/panel.js');
         return [typeof m.default.render, typeof window.cleanup]; }"""
@@ -481,15 +802,14 @@ def test_module_shape(page: Any) -> None:
     assert json.loads(json.dumps(sent(page)))  # commands are plain JSON
 
 
-def test_without_a_fast_route_a_click_waits_for_the_cell_and_says_so(page: Any) -> None:
-    header = {**base_state()["header"], "running_cell": 5, "running_since": NOW, "route": "none"}
-    mount(page, base_state(header=header, _fast_route={"kind": "none", "comm_id": "abc"}))
-    assert "no fast route" in page.locator(".nbc-status").inner_text()
-    page.get_by_role("button", name="Stop all").click()
-    banner = page.locator(".nbc-banner")
-    for second in range(1, 7):  # beats keep coming: the kernel runs Python, the click waits for the cell
-        page.clock.run_for(1_000)
-        set_trait(page, "beat", {"at": NOW + second, "every": 1.0})
-    assert banner.is_visible()
-    assert "Stop will act when cell [5] ends" in banner.inner_text()
-    assert page.evaluate("window.model.control.length") == 0  # no control-channel copy on this route
+def blocked_seconds(text: str) -> float:
+    match = re.search(r"train blocked (\d+\.\d) s in dequeue", text)
+    assert match, text
+    return float(match.group(1))
+
+
+def idle_seconds(page: Any, tid: str) -> int:
+    text = page.locator(f".nbc-row[data-tid={tid}]").inner_text()
+    match = re.search(r"idle (\d+) s", text)
+    assert match, text
+    return int(match.group(1))
