@@ -83,7 +83,10 @@ def collect_interrupted(kernel: Kernel, msg_id: str) -> CellResult:
         dump = Path(kernel._tmp.name) / "stacks.txt"
         os.kill(kernel.pid, signal.SIGUSR1)  # faulthandler, registered by the fixtures
         wait_until(lambda: dump.exists() and dump.stat().st_size > 0, 5, what="the stack dump")
-        raise AssertionError(f"{error}\nkernel stacks:\n{dump.read_text()}") from None
+        # The main thread first: CI shows the start and the end of a long failure, and it is the one that hangs.
+        stacks = dump.read_text().strip().split("\n\n")
+        stacks.sort(key=lambda stack: "kernelapp.py" not in stack)
+        raise AssertionError(f"{error}\nkernel stacks, the main thread first:\n" + "\n\n".join(stacks)) from None
 
 
 def start_kernel(python: str | None = None) -> Kernel:
