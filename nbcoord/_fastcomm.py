@@ -151,6 +151,8 @@ class FastRoute:
         # The flood counter: touched by the shell channel thread only.
         self._window_start = 0.0
         self._window_count = 0
+        #: Whether a cell runs now (the panel sets it): the control route then keeps the kernel's status busy.
+        self.cell_running: Callable[[], bool] = lambda: False
 
     def __repr__(self) -> str:
         return f"<FastRoute {self}>"
@@ -338,7 +340,8 @@ def _install_control(kernel: object, route: FastRoute) -> str | None:
     def on_control_comm_msg(stream: Any, idents: Any, msg: Any) -> Any:
         if route._active:
             try:
-                route._offer(msg.get("content") if isinstance(msg, Mapping) else None)
+                if route._offer(msg.get("content") if isinstance(msg, Mapping) else None) and route.cell_running():
+                    _untracked_idle(kernel, idents, msg)
             except Exception:
                 logger.debug("nbcoord fast route: unreadable control message", exc_info=True)
         if callable(previous):
@@ -356,6 +359,28 @@ def _install_control(kernel: object, route: FastRoute) -> str | None:
     handlers["comm_msg"] = on_control_comm_msg
     route._undo = undo
     return None
+
+
+#: A parent message type that JupyterLab and jupyter_server leave out of the kernel's status (it is in the default
+#: ``untracked_message_types`` of both).
+UNTRACKED_PARENT = "comm_info_request"
+
+
+def _untracked_idle(kernel: object, idents: Any, msg: Mapping[str, Any]) -> None:
+    """While a cell runs, make the "idle" that ipykernel 6 publishes after this control message untracked.
+
+    ipykernel publishes busy, then idle, around every control message, with that message as parent; JupyterLab
+    takes any tracked status for the kernel's, so the click's "idle" would show an idle kernel while the cell still
+    runs. The parent keeps its msg_id (the sender's future still ends), and its msg_type becomes untracked.
+    Through the kernel's public ``set_parent``; where that is missing, the status stays as ipykernel sends it.
+    """
+    set_parent = getattr(kernel, "set_parent", None)
+    header = msg.get("header")
+    if not callable(set_parent) or not isinstance(header, Mapping):
+        _log_once(logging.INFO, "nbcoord fast route: the kernel has no set_parent; its status reads idle after a "
+                  "click on the control channel while a cell runs")
+        return
+    set_parent(idents, {**msg, "header": {**header, "msg_type": UNTRACKED_PARENT}}, channel="control")
 
 
 _Installer = Callable[[object, FastRoute], "str | None"]

@@ -126,6 +126,8 @@ class PanelController:
         self._had_view = False
         kernel = getattr(extension.shell, "kernel", None)
         self.route = _fastcomm.install(kernel, self._from_fast_route, types=COMMAND_TYPES)
+        registry = extension.registry
+        self.route.cell_running = lambda: registry.current_cell() is not None
         try:
             if self.route.reason is not None:
                 why = f"{self.route.reason}; Stop acts when the cell ends"

@@ -453,6 +453,49 @@ def test_stop_is_handled_while_the_main_thread_is_busy(kernel: Kernel, probe: st
 
 
 @pytest.mark.kernel
+def test_a_control_click_leaves_the_kernel_status_busy_while_a_cell_runs(kernel: Kernel, probe: str) -> None:
+    # ipykernel 6 publishes busy and idle around each control message; a front end takes a tracked "idle" for the
+    # kernel's status. While a cell runs, the route makes that idle's parent untracked (same msg_id); between cells
+    # the idle is left as it is (it is true then).
+    if kernel.kind != "control":
+        pytest.skip("ipykernel 7 takes the click off the shell channel and publishes no status for it")
+    kernel.run("cell_running = threading.Event(); probe.route.cell_running = cell_running.is_set")
+
+    def statuses_of(content: dict[str, Any]) -> list[tuple[str, str]]:
+        sent = kernel.client.session.msg("comm_msg", content)
+        kernel.client.control_channel.send(sent)
+        seen: list[tuple[str, str]] = []
+
+        def idle_seen() -> bool:
+            while True:
+                try:
+                    msg = kernel.client.get_iopub_msg(timeout=0.05)
+                except Exception:  # queue.Empty
+                    return any(state == "idle" for state, _ in seen)
+                parent = msg["parent_header"]
+                if msg["msg_type"] == "status" and parent.get("msg_id") == sent["header"]["msg_id"]:
+                    seen.append((msg["content"]["execution_state"], parent["msg_type"]))
+
+        wait_until(idle_seen, 30, what="the control message's idle status")
+        return seen
+
+    msg_id = kernel.start_cell("""
+        cell_running.set()
+        print("busy", flush=True)
+        probe.event.clear()
+        probe.event.wait(30)
+        cell_running.clear()
+    """)
+    foreign = statuses_of(stop_content("not-a-registered-comm", "status-0"))  # another widget's: not ours
+    during = statuses_of(stop_content(probe, "status-1"))
+    kernel.finish_cell(msg_id)
+    assert foreign == [("busy", "comm_msg"), ("idle", "comm_msg")]
+    assert during == [("busy", "comm_msg"), ("idle", _fastcomm.UNTRACKED_PARENT)]
+    between = statuses_of(stop_content(probe, "status-2"))
+    assert between == [("busy", "comm_msg"), ("idle", "comm_msg")]
+
+
+@pytest.mark.kernel
 @pytest.mark.tensorflow
 def test_stop_unblocks_sess_run_on_an_empty_queue(kernel: Kernel, probe: str) -> None:
     if not kernel.value("__import__('importlib.util').util.find_spec('tensorflow') is not None"):
