@@ -1,6 +1,8 @@
 """Kernel shutdown with a leaked non-daemon thread: nbcoord vs the same kernel without it, in one run.
 
-Run: ``python bench/bench_shutdown.py [--repeat 2]`` (about 60 s on 2 cores, under 2 minutes).
+Run: ``python bench/bench_shutdown.py [--repeat 2] [--python .venv-py313/bin/python]`` (about 60 s on 2 cores,
+under 2 minutes). ``--python`` runs the kernels and processes on another interpreter (one with ipykernel and this
+checkout's dependencies, as tools/dev.py builds for 3.10 and 3.13); the driver stays on this one.
 
 For each kind of leak (a cooperative thread that polls ``nbcoord.should_stop()``, a ``while True: sleep`` loop
 that checks nothing, a thread blocked forever in ``Event().wait()``), a fresh kernel runs the leaking cell and is
@@ -43,6 +45,8 @@ from _results import result
 from jupyter_client.manager import KernelManager
 
 BUDGET_S = 1.5  # NBCoord.shutdown_budget's default
+#: The interpreter of the kernels and processes measured (``--python``).
+target_python = sys.executable
 
 LEAKS = {
     "cooperative": """
@@ -112,7 +116,7 @@ def start_kernel(workdir: str, configured: bool = False) -> tuple[KernelManager,
         profile = Path(workdir) / "profile_default"
         profile.mkdir(parents=True)
         (profile / "ipython_kernel_config.py").write_text("c.InteractiveShellApp.extensions = ['nbcoord']\n")
-    km = kernel_manager(workdir)
+    km = kernel_manager(workdir, python=target_python)
     # stderr: its TCP warning, its shutdown logs
     km.start_kernel(env=kernel_env(IPYTHONDIR=workdir), cwd=workdir, stderr=subprocess.DEVNULL)
     kc = km.client()
@@ -163,7 +167,7 @@ def process_exit(leak: str, with_nbcoord: bool) -> float:
     with tempfile.TemporaryDirectory(prefix="nbcoord-bench-") as workdir:
         env["IPYTHONDIR"] = workdir
         child = subprocess.Popen(
-            [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
+            [target_python, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
         )
         assert child.stdout is not None
         for line in child.stdout:
@@ -179,9 +183,9 @@ def process_exit(leak: str, with_nbcoord: bool) -> float:
 
 
 def has_tensorflow() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("tensorflow") is not None
+    """Whether the measured interpreter has TensorFlow."""
+    check = "import importlib.util, sys; sys.exit(importlib.util.find_spec('tensorflow') is None)"
+    return subprocess.run([target_python, "-c", check], check=False).returncode == 0
 
 
 def extra_rows(repeat: int) -> list[dict[str, Any]]:
@@ -229,9 +233,15 @@ def extra_rows(repeat: int) -> list[dict[str, Any]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=2, help="shutdowns per leak and mode (median reported)")
+    parser.add_argument("--python", default=sys.executable, help="the interpreter of the kernels measured")
     args = parser.parse_args()
+    global target_python
+    target_python = args.python
+    version = subprocess.run(
+        [target_python, "-c", "import sys; print(sys.version.split()[0])"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     began = time.monotonic()
-    print(f"nbcoord shutdown benchmark: python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
+    print(f"nbcoord shutdown benchmark: kernels on python {version}, {os.cpu_count()} CPUs")
     print("time from KernelManager.shutdown_kernel()'s request to the kernel process's exit, median of", args.repeat)
     print()
     header = ("leak", "nbcoord s", "status", "call s", "without s", "status", "call s", "ratio", "target s", "")

@@ -43,6 +43,7 @@ PLAN: list[tuple[str, list[str], list[str]]] = [
     ("shutdown", ["--repeat", "2"], ["--repeat", "1"]),
     ("click_latency", [], ["--clicks", "3", "--busy", "1.0", "--no-tf"]),
     ("panel", [], ["--busy", "0.5", "--reps", "1", "--window", "3"]),
+    ("panel_browser", [], ["--updates", "12"]),
     ("flood", [], ["--clicks", "10000"]),
     ("tf_interrupt", [], ["--quick"]),
     ("server", [], ["--quick"]),

@@ -28,6 +28,7 @@ from ._shutdown import ShutdownHooks
 from ._snapshot import Snapshot, SnapshotBuilder
 from ._stop import ScopeKind, StopMechanism, StopReport, StopScope, ThreadStopped
 from ._threads import INTERNAL_PREFIX, Monitor, ThreadHooks
+from .integrations.ledger import current as current_ledger
 from .integrations.ledger import watch as watch_ledger
 from .integrations.tensorflow import watch as watch_tensorflow
 
@@ -285,11 +286,12 @@ class Extension:
             for record in (self.registry.records_of_cell(cell) if cell is not None else [])
             if self.registry.zombie_reasons(record, grace)
         ]
-        # What else it left (tasks, pools, data loaders), read only after a cell that failed.
+        # What else it left (tasks, pools, data loaders; not the process tree), read only after a cell that failed.
+        ledger = current_ledger()
         items = [
             row["label"]
-            for row in self.snapshot()["ledger"]
-            if row["cell"] == execution_count and row["zombie"] is not None and row["kind"] != "process"
+            for row in (ledger.rows(skip=("process",)) if ledger is not None and ledger.active else [])
+            if row["cell"] == execution_count and row["zombie"] is not None
         ]
         if (not zombies and not items) or cell is None:
             return

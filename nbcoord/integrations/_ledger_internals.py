@@ -4,7 +4,7 @@ with its fallback.
 Each accessor looks its internal up when called, never at import time, and never imports the library: it is
 handed the library's object. When the internal is missing (another release), the accessor says what the ledger
 does instead; :func:`degraded` lists what fell back, for the report. Tests remove each internal and check the
-fallback (tests/test_ledger_internals.py).
+fallback (tests/test_ledger_units.py).
 
 Public API is used wherever the libraries have one: ``loop.set_task_factory`` / ``get_task_factory``,
 ``asyncio.Task.cancel`` / ``cancelling`` / ``get_coro`` / ``get_loop``, coroutine objects' ``cr_await`` /

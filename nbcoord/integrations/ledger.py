@@ -28,7 +28,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, Protocol
 
 import psutil
@@ -209,15 +209,19 @@ class Ledger:
             listener(event, cell)
 
     def _source(self) -> dict[str, Any]:
-        if not self.active:
-            return {}
+        return {"ledger": self.rows()} if self.active else {}
+
+    def rows(self, skip: Collection[str] = ()) -> list[LedgerRow]:
+        """Every kind's rows but those of the kinds named in ``skip`` (a failed cell's line needs no process tree)."""
         rows: list[LedgerRow] = []
         for kind in list(self.kinds):
+            if kind.name in skip:
+                continue
             try:
                 rows += kind.rows()
             except Exception:
                 log.warning("nbcoord: the %s ledger failed", kind.name, exc_info=True)
-        return {"ledger": rows}
+        return rows
 
     def _tick(self) -> None:
         if not self.active:

@@ -2,12 +2,14 @@
 it, its parent, its role where a pool or a data loader names it ("DataLoader worker 2 of 4 of cell [5]"), its CPU
 time and memory, and whether it exited without being reaped (a zombie process: ``<defunct>`` in ``ps``).
 
-The tree is read fresh at each look, cheaply: on Linux from ``/proc/<pid>/task/<tid>/children`` of the kernel and
-of each descendant (about 0.1 ms for a small tree, where one pass over every process on the machine costs
-milliseconds). What the resource probe's last read (``extension.probe``, shared with the ``resources`` section)
-says of a process is reused; a process it has not read yet is read here, its cell found as the probe finds it: a
-direct child belongs to the cell whose run holds its start (read to the clock tick from ``/proc``), a deeper one
-to the cell of its ancestor among the kernel's children. Elsewhere the probe's last read is the tree.
+The tree is read cheaply: on Linux from ``/proc/<pid>/task/<tid>/children`` of the kernel and of each descendant
+(about 0.1 ms for a small tree), or, when the kernel runs more than ``TASK_SCAN_LIMIT`` threads (each has its own
+list: 20 ms at 1000 threads), from one pass over ``/proc/*/stat`` (a few milliseconds on a busy machine). It is read
+at each look, so that the process rows agree with the pool and loader rows beside them. What the resource probe's
+last read (``extension.probe``, shared with the ``resources`` section) says of a process is reused; a process it has
+not read yet is read here, its cell found as the probe finds it: a direct child belongs to the cell whose run holds
+its start (read to the clock tick from ``/proc``), a deeper one to the cell of its ancestor among the kernel's
+children. Elsewhere the probe's last read is the tree.
 
 A process that a pool or loader row names is that row's: it carries no zombie reason of its own, so that one
 leaked pool counts as one zombie, not five. The helpers ``multiprocessing`` and loky start once for the whole
@@ -47,6 +49,9 @@ log = logging.getLogger("nbcoord")
 MAX_ROWS = 200
 #: How deep the tree is followed.
 MAX_DEPTH = 16
+#: Above this many threads in a process, its children are found by one pass over /proc/*/stat instead of reading
+#: each thread's own children list.
+TASK_SCAN_LIMIT = 64
 _CLOCK_TICKS = float(os.sysconf("SC_CLK_TCK")) if hasattr(os, "sysconf") else 100.0
 #: Whether this system lists a thread's children in /proc (Linux with CONFIG_PROC_CHILDREN).
 _PROC_CHILDREN = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
@@ -250,8 +255,13 @@ def spared_pids() -> set[int]:
 
 
 def _descendants(root: int) -> list[tuple[int, int]] | None:
-    """(pid, parent pid) of every descendant of ``root``, parents first, from ``/proc/<pid>/task/*/children``;
-    None where those lists cannot be read."""
+    """(pid, parent pid) of every descendant of ``root``, parents first, from ``/proc/<pid>/task/*/children``
+    (or one pass over ``/proc/*/stat`` when ``root`` runs many threads); None where those lists cannot be read."""
+    try:
+        if len(os.listdir(f"/proc/{root}/task")) > TASK_SCAN_LIMIT:
+            return _descendants_from_stat(root)
+    except OSError:
+        return None
     found: list[tuple[int, int]] = []
     seen = {root}
     level = [root]
@@ -275,6 +285,36 @@ def _descendants(root: int) -> list[tuple[int, int]] | None:
                         seen.add(pid)
                         found.append((pid, parent))
                         following.append(pid)
+        if not following:
+            break
+        level = following
+    return found
+
+
+def _descendants_from_stat(root: int) -> list[tuple[int, int]]:
+    """(pid, parent pid) of every descendant of ``root``, parents first, from one pass over ``/proc/*/stat``."""
+    by_parent: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat:
+                data = stat.read()
+            ppid = int(data[data.rfind(b")") + 2 :].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue  # ended meanwhile, or unreadable
+        by_parent.setdefault(ppid, []).append(int(entry))
+    found: list[tuple[int, int]] = []
+    seen = {root}
+    level = [root]
+    for _ in range(MAX_DEPTH):
+        following = []
+        for parent in level:
+            for pid in by_parent.get(parent, []):
+                if pid not in seen:  # pids reused during the pass can make a cycle
+                    seen.add(pid)
+                    found.append((pid, parent))
+                    following.append(pid)
         if not following:
             break
         level = following

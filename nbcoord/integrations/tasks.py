@@ -337,7 +337,7 @@ class TaskLedger:
             return
         now = time.time()
         with self._lock:
-            for queue in list(self._queues.values()):
+            for queue in [queue for queue in self._queues.values() if queue]:  # most cells made no task
                 while True:
                     try:
                         task = queue.popleft()
