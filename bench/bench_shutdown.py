@@ -236,7 +236,7 @@ def main() -> None:
     parser.add_argument("--python", default=sys.executable, help="the interpreter of the kernels measured")
     args = parser.parse_args()
     global target_python
-    target_python = args.python
+    target_python = os.path.abspath(args.python)  # the kernels start in a temporary folder; a venv link stays
     version = subprocess.run(
         [target_python, "-c", "import sys; print(sys.version.split()[0])"], capture_output=True, text=True, check=True
     ).stdout.strip()
