@@ -4,12 +4,14 @@ time and memory, and whether it exited without being reaped (a zombie process: `
 
 The tree is read cheaply: on Linux from ``/proc/<pid>/task/<tid>/children`` of the kernel and of each descendant
 (about 0.1 ms for a small tree), or, when the kernel runs more than ``TASK_SCAN_LIMIT`` threads (each has its own
-list: 20 ms at 1000 threads), from one pass over ``/proc/*/stat`` (a few milliseconds on a busy machine). It is read
-at each look, so that the process rows agree with the pool and loader rows beside them. What the resource probe's
-last read (``extension.probe``, shared with the ``resources`` section) says of a process is reused; a process it has
-not read yet is read here, its cell found as the probe finds it: a direct child belongs to the cell whose run holds
-its start (read to the clock tick from ``/proc``), a deeper one to the cell of its ancestor among the kernel's
-children. Elsewhere the probe's last read is the tree.
+list: 20 ms at 1000 threads), from one pass over ``/proc/*/stat`` (a few milliseconds on a busy machine). The stop
+and the monitor (about once a second) read it fresh; the snapshot's rows reuse the last read while it is under
+``TREE_MAX_AGE_S`` old and names every worker the pool and loader rows beside them name (else they read it fresh): a
+process started by other means within the last second may show up one refresh later, as in the probe's resources
+section. What the resource probe's last read (``extension.probe``, shared with the ``resources`` section) says of a
+process is reused; a process it has not read yet is read here, its cell found as the probe finds it: a direct child
+belongs to the cell whose run holds its start (read to the clock tick from ``/proc``), a deeper one to the cell of
+its ancestor among the kernel's children. Elsewhere the probe's last read is the tree.
 
 A process that a pool or loader row names is that row's: it carries no zombie reason of its own, so that one
 leaked pool counts as one zombie, not five. The helpers ``multiprocessing`` and loky start once for the whole
@@ -31,7 +33,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import psutil
@@ -52,6 +54,8 @@ MAX_DEPTH = 16
 #: Above this many threads in a process, its children are found by one pass over /proc/*/stat instead of reading
 #: each thread's own children list.
 TASK_SCAN_LIMIT = 64
+#: How old a tree the snapshot's rows may reuse (the monitor reads one about every second).
+TREE_MAX_AGE_S = 1.5
 _CLOCK_TICKS = float(os.sysconf("SC_CLK_TCK")) if hasattr(os, "sysconf") else 100.0
 #: Whether this system lists a thread's children in /proc (Linux with CONFIG_PROC_CHILDREN).
 _PROC_CHILDREN = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
@@ -67,14 +71,31 @@ class ProcessLedger:
         self._lock = threading.Lock()  # guards _ids
         #: (pid, start time) -> the row id issued for it: stable while the process lives, never reused.
         self._ids: dict[tuple[int, float], str] = {}
+        #: The last tree read: (monotonic time, rows, their pids), for the snapshot's rows.
+        self._tree: tuple[float, list[dict[str, Any]], frozenset[int]] | None = None
 
     def uninstall(self) -> None:
         with self._lock:
             self._ids.clear()
+        self._tree = None
 
     # ----------------------------------------------------------------------------------------------- tree
+    def recent_children(self, named: Collection[int]) -> list[dict[str, Any]]:
+        """The last tree read if it is under ``TREE_MAX_AGE_S`` old and holds every pid in ``named`` (the workers
+        other rows name), else a fresh one."""
+        tree = self._tree
+        if tree is not None and time.monotonic() - tree[0] < TREE_MAX_AGE_S and tree[2].issuperset(named):
+            return tree[1]
+        return self.children()
+
     def children(self) -> list[dict[str, Any]]:
-        """Every descendant of the kernel, parents first, as the probe's rows plus ``ppid``."""
+        """Every descendant of the kernel, parents first, as the probe's rows plus ``ppid``; read now."""
+        read_at = time.monotonic()
+        rows = self._read_children()
+        self._tree = (read_at, rows, frozenset(row["pid"] for row in rows))
+        return rows
+
+    def _read_children(self) -> list[dict[str, Any]]:
         sample = self.ledger.extension.probe.last_sample
         known = {child["pid"]: child for child in sample["children"]} if sample is not None else {}
         me = os.getpid()
@@ -120,7 +141,7 @@ class ProcessLedger:
         roles = self.ledger.roles()
         helpers = internals.helper_processes()
         rows: list[LedgerRow] = []
-        for child in self.children()[:MAX_ROWS]:
+        for child in self.recent_children(roles)[:MAX_ROWS]:
             pid = child["pid"]
             status, ppid, cpu = _fresh(pid)
             if not status:
