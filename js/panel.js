@@ -1736,8 +1736,11 @@ function render({ model, el }) {
   function onChange(name) {
     if (name === "ack") {
       const ack = get("ack");
-      if (ack && typeof ack.click_id === "string") {
-        ui.acked.add(ack.click_id);
+      // One acknowledgement names the last clicks acknowledged: in a flood the kernel sends one for many.
+      const ids = ack && Array.isArray(ack.click_ids) ? ack.click_ids : [ack && ack.click_id];
+      for (const id of ids) {
+        if (typeof id !== "string") continue;
+        ui.acked.add(id);
         if (ui.acked.size > 64) ui.acked.delete(ui.acked.values().next().value);
       }
     }

@@ -87,8 +87,9 @@ def _log_once(level: int, message: str) -> None:
 class _Worker:
     """One thread that calls the handler for each accepted command, in order."""
 
-    def __init__(self, handler: Handler) -> None:
+    def __init__(self, handler: Handler, idle: Callable[[], None] = lambda: None) -> None:
         self._handler = handler
+        self._idle = idle  # called when a command was handled and none waits
         self._queue: queue.Queue[tuple[str, dict[str, Any]] | None] = queue.Queue(_QUEUE_SIZE)
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name=WORKER_THREAD_NAME, daemon=True)
@@ -122,6 +123,8 @@ class _Worker:
                 return
             try:
                 self._handler(*item)
+                if self._queue.empty():
+                    self._idle()
             except Exception:
                 logger.exception("nbcoord fast route: handler failed")
 
@@ -153,6 +156,9 @@ class FastRoute:
         self._window_count = 0
         #: Whether a cell runs now (the panel sets it): the control route then keeps the kernel's status busy.
         self.cell_running: Callable[[], bool] = lambda: False
+        #: Called on the worker thread once the commands that came together are handled (the panel then sends the
+        #: acknowledgements it held back in a flood).
+        self.on_idle: Callable[[], None] = lambda: None
 
     def __repr__(self) -> str:
         return f"<FastRoute {self}>"
@@ -431,7 +437,11 @@ def _try_install(kernel: object, route: FastRoute, install_route: _Installer, ha
             return f"{type(error).__name__}: {error}"
         if why is not None:
             return why
-        route._worker = _Worker(handler)
+
+        def idle() -> None:
+            route.on_idle()  # read when called: the panel sets it after install
+
+        route._worker = _Worker(handler, idle)
         try:
             route._worker.start()
         except RuntimeError as error:  # "can't start new thread"

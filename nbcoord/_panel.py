@@ -32,11 +32,12 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import math
 import sys
 import threading
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 import psutil
@@ -94,9 +95,57 @@ HISTORY_EVERY: Final = 5
 #: The share of one core the sender may use: a tick that costs more (1000 threads: about 10 ms) waits longer.
 MAX_DUTY: Final = 0.005
 _MAX_VIEWS: Final = 64
+#: In a flood of clicks on the fast route, at most one acknowledgement per this many seconds (each names the last
+#: ``ACKED_KEPT`` clicks), and the last one when the burst is handled: 10,000 clicks no longer make 10,000 messages.
+ACK_SPACING_S: Final = 0.05
+ACKED_KEPT: Final = 64
 #: The former name of :func:`._panel_state.memory_close`.
 _memory_close = memory_close
 
+
+
+class Acknowledger:
+    """Acknowledges clicks at once, before their action runs (a stop may take its whole grace period).
+
+    Each acknowledgement names the last ``ACKED_KEPT`` clicks acknowledged (``click_ids``), so that in a flood one
+    message answers many: on the fast route a click that comes within ``ACK_SPACING_S`` of the last message sent is
+    held, and sent with the next one or when the fast route's worker has no command left (:meth:`send_held`).
+    """
+
+    def __init__(self, send: Callable[[dict[str, Any], float], None]) -> None:
+        self._send = send
+        self._lock = threading.Lock()  # guards the three below
+        self._acked: collections.deque[str] = collections.deque(maxlen=ACKED_KEPT)
+        self._held: dict[str, Any] | None = None
+        self._sent_at = -math.inf
+
+    def acknowledge(self, command: Command, received: float, route: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._acked.append(command.click_id)
+            ack = {
+                "click_id": command.click_id,
+                "click_ids": list(self._acked),
+                "type": command.type,
+                "at": round(received, 3),
+                "route": route,
+            }
+            hold = route != "ordinary" and now - self._sent_at < ACK_SPACING_S
+            self._held = ack if hold else None
+            if not hold:
+                self._sent_at = now
+        if not hold:
+            self._send(ack, now)
+
+    def send_held(self) -> None:
+        """Send the acknowledgement held back, if any (the fast route's worker calls it when it has no command)."""
+        now = time.monotonic()
+        with self._lock:
+            ack, self._held = self._held, None
+            if ack is not None:
+                self._sent_at = now
+        if ack is not None:
+            self._send(ack, now)
 
 class PanelController:
     """Owns one kernel's panel: the widget, its sender thread, its fast route, its views and its commands."""
@@ -124,10 +173,8 @@ class PanelController:
         self.tick_cpu_s = 0.0  # the sender's CPU time in ticks, in all (the benchmark reads it)
         self.duplicates: collections.deque[str] = collections.deque(maxlen=64)  # click ids dropped as seen
         self._had_view = False
-        kernel = getattr(extension.shell, "kernel", None)
-        self.route = _fastcomm.install(kernel, self._from_fast_route, types=COMMAND_TYPES)
-        registry = extension.registry
-        self.route.cell_running = lambda: registry.current_cell() is not None
+        self._acks = Acknowledger(lambda ack, now: self._traits.send_now("ack", ack, now))
+        self.route = self._install_route()
         try:
             if self.route.reason is not None:
                 why = f"{self.route.reason}; Stop acts when the cell ends"
@@ -329,6 +376,15 @@ class PanelController:
         self._adapt(cost)
 
     # ---------------------------------------------------------------------------------------- commands
+    def _install_route(self) -> _fastcomm.FastRoute:
+        """The fast route for clicks, told when a cell runs (ipykernel 6's status) and when a burst is handled."""
+        route = _fastcomm.install(getattr(self.extension.shell, "kernel", None), self._from_fast_route,
+                                  types=COMMAND_TYPES)
+        registry = self.extension.registry
+        route.cell_running = lambda: registry.current_cell() is not None
+        route.on_idle = self._acks.send_held
+        return route
+
     def _from_fast_route(self, comm_id: str, content: dict[str, Any]) -> None:
         self.handle(content, route=self.route.kind)
 
@@ -364,9 +420,7 @@ class PanelController:
             self._view(command)
             return
         if command.type in ACTION_TYPES:
-            # Acknowledged at once, before the action runs (a stop may take its whole grace period).
-            ack = {"click_id": command.click_id, "type": command.type, "at": round(received, 3), "route": route}
-            self._traits.send_now("ack", ack, time.monotonic())
+            self._acks.acknowledge(command, received, route)
         command = dataclasses.replace(command, route=route, received_at=received)
         if command.type == "stack":
             self._stack(command)

@@ -1025,3 +1025,25 @@ def test_reclaim_and_restart_answer_with_an_outcome(in_process: Any, monkeypatch
     controller.handle({"type": "restart", "session": "sess-404", "click_id": "rs-1"}, route="ordinary")
     controller._tick()
     assert controller.widget.outcome["click_id"] == "rc-2"
+
+
+def test_a_flood_of_clicks_is_acknowledged_in_few_messages_and_the_last_click_is_in_one() -> None:
+    from types import SimpleNamespace
+
+    from nbcoord._panel import ACKED_KEPT, Acknowledger
+
+    sent: list[dict[str, Any]] = []
+    acks = Acknowledger(lambda ack, _now: sent.append(ack))
+    for n in range(1, 1001):
+        acks.acknowledge(SimpleNamespace(click_id=f"c{n}", type="stop"), time.time(), "shell-channel")  # type: ignore[arg-type]
+    assert 1 <= len(sent) < 100, f"{len(sent)} messages for 1,000 clicks"
+    assert sent[0]["click_id"] == "c1"  # the first click of a burst is answered at once
+    acks.send_held()  # what the fast route's worker does once it has no command left
+    assert sent[-1]["click_id"] == "c1000" and len(sent[-1]["click_ids"]) == ACKED_KEPT
+    assert sent[-1]["click_ids"][-1] == "c1000"
+    before = len(sent)
+    acks.send_held()
+    assert len(sent) == before, "nothing held: nothing sent"
+    for n in range(3):  # the ordinary route (the main thread, one message at a time) is never held back
+        acks.acknowledge(SimpleNamespace(click_id=f"o{n}", type="stop"), time.time(), "ordinary")  # type: ignore[arg-type]
+    assert [ack["click_id"] for ack in sent[before:]] == ["o0", "o1", "o2"]
