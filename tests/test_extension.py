@@ -678,9 +678,13 @@ def test_thread_failure_is_announced_once_in_the_next_cell(loaded: Any) -> None:
 
 # ------------------------------------------------------------------------------------------ child processes
 def test_stop_terminates_child_processes_of_the_cell_in_scope(loaded: Any) -> None:
-    ok(loaded, "import subprocess, sys")
+    ok(loaded, "import subprocess, sys, time")
+    # Linux records a process's start to the clock tick (10 ms): a child started within 10 ms of the previous cell's
+    # end could belong to either. Cells run by hand are seconds apart; these run back to back, so the spawning cell
+    # waits 20 ms first, which puts the child's start tick in its own window whatever the rounding.
     spawn = ok(
         loaded,
+        "time.sleep(0.02)\n"
         "child = subprocess.Popen([sys.executable, '-c', 'import time; print(1, flush=True); time.sleep(60)'],\n"
         "                         stdout=subprocess.PIPE)\n"
         "child.stdout.readline()",
