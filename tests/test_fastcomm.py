@@ -453,12 +453,13 @@ def test_stop_is_handled_while_the_main_thread_is_busy(kernel: Kernel, probe: st
 
 
 @pytest.mark.kernel
+# ipykernel 6 only (the control route): ipykernel 7 takes the click off the shell channel and publishes no status.
+@pytest.mark.parametrize("kernel", [_kernel_pythons()[1]], indirect=True)
 def test_a_control_click_leaves_the_kernel_status_busy_while_a_cell_runs(kernel: Kernel, probe: str) -> None:
     # ipykernel 6 publishes busy and idle around each control message; a front end takes a tracked "idle" for the
     # kernel's status. While a cell runs, the route makes that idle's parent untracked (same msg_id); between cells
     # the idle is left as it is (it is true then).
-    if kernel.kind != "control":
-        pytest.skip("ipykernel 7 takes the click off the shell channel and publishes no status for it")
+    assert kernel.kind == "control"
     kernel.run("cell_running = threading.Event(); probe.route.cell_running = cell_running.is_set")
 
     def statuses_of(content: dict[str, Any]) -> list[tuple[str, str]]:
