@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import sys
 import textwrap
 import threading
@@ -471,7 +472,7 @@ def test_a_control_click_leaves_the_kernel_status_busy_while_a_cell_runs(kernel:
             while True:
                 try:
                     msg = kernel.client.get_iopub_msg(timeout=0.05)
-                except Exception:  # queue.Empty
+                except queue.Empty:
                     return any(state == "idle" for state, _ in seen)
                 parent = msg["parent_header"]
                 if msg["msg_type"] == "status" and parent.get("msg_id") == sent["header"]["msg_id"]:

@@ -279,41 +279,55 @@ def _descendants(root: int) -> list[tuple[int, int]] | None:
     """(pid, parent pid) of every descendant of ``root``, parents first, from ``/proc/<pid>/task/*/children``
     (or one pass over ``/proc/*/stat`` when ``root`` runs many threads); None where those lists cannot be read."""
     try:
-        if len(os.listdir(f"/proc/{root}/task")) > TASK_SCAN_LIMIT:
-            return _descendants_from_stat(root)
+        many = len(os.listdir(f"/proc/{root}/task")) > TASK_SCAN_LIMIT
     except OSError:
         return None
+    return _walk(root, _children_by_stat() if many else _children_of_threads)
+
+
+def _descendants_from_stat(root: int) -> list[tuple[int, int]]:
+    """(pid, parent pid) of every descendant of ``root``, parents first, from one pass over ``/proc/*/stat``."""
+    return _walk(root, _children_by_stat())
+
+
+def _walk(root: int, children_of: Callable[[int], list[int]]) -> list[tuple[int, int]]:
+    """Breadth first from ``root``: (pid, parent pid), parents first, each pid once (pids reused while the tree is
+    read can make a cycle), at most ``MAX_DEPTH`` levels."""
     found: list[tuple[int, int]] = []
     seen = {root}
     level = [root]
     for _ in range(MAX_DEPTH):
         following: list[int] = []
         for parent in level:
-            try:
-                tasks = os.listdir(f"/proc/{parent}/task")
-            except OSError:
-                if parent == root:
-                    return None
-                continue  # ended meanwhile
-            for task in tasks:
-                try:
-                    with open(f"/proc/{parent}/task/{task}/children", "rb") as listing:
-                        pids = [int(pid) for pid in listing.read().split()]
-                except OSError:
-                    continue
-                for pid in pids:
-                    if pid not in seen:
-                        seen.add(pid)
-                        found.append((pid, parent))
-                        following.append(pid)
+            for pid in children_of(parent):
+                if pid not in seen:
+                    seen.add(pid)
+                    found.append((pid, parent))
+                    following.append(pid)
         if not following:
             break
         level = following
     return found
 
 
-def _descendants_from_stat(root: int) -> list[tuple[int, int]]:
-    """(pid, parent pid) of every descendant of ``root``, parents first, from one pass over ``/proc/*/stat``."""
+def _children_of_threads(parent: int) -> list[int]:
+    """The children of every thread of ``parent``, from their own lists (empty once it ended)."""
+    try:
+        tasks = os.listdir(f"/proc/{parent}/task")
+    except OSError:
+        return []  # ended meanwhile
+    pids: list[int] = []
+    for task in tasks:
+        try:
+            with open(f"/proc/{parent}/task/{task}/children", "rb") as listing:
+                pids += [int(pid) for pid in listing.read().split()]
+        except OSError:
+            continue
+    return pids
+
+
+def _children_by_stat() -> Callable[[int], list[int]]:
+    """Every process's children, from one pass over ``/proc/*/stat``."""
     by_parent: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -325,21 +339,7 @@ def _descendants_from_stat(root: int) -> list[tuple[int, int]]:
         except (OSError, ValueError, IndexError):
             continue  # ended meanwhile, or unreadable
         by_parent.setdefault(ppid, []).append(int(entry))
-    found: list[tuple[int, int]] = []
-    seen = {root}
-    level = [root]
-    for _ in range(MAX_DEPTH):
-        following = []
-        for parent in level:
-            for pid in by_parent.get(parent, []):
-                if pid not in seen:  # pids reused during the pass can make a cycle
-                    seen.add(pid)
-                    found.append((pid, parent))
-                    following.append(pid)
-        if not following:
-            break
-        level = following
-    return found
+    return lambda parent: by_parent.get(parent, [])
 
 
 def _started_at(process: psutil.Process) -> float:
