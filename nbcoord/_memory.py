@@ -116,6 +116,7 @@ class _CellRecord:
         "gpu_peak",
         "maxrss_after",
         "maxrss_before",
+        "row_cache",
         "rss_after",
         "rss_before",
         "rss_peak",
@@ -137,6 +138,8 @@ class _CellRecord:
         self.gpu_before = gpu
         self.gpu_after: dict[int, int] | None = None
         self.gpu_peak: dict[int, int] = dict(gpu) if gpu else {}
+        #: A finished cell's last row and what it was judged against (see MemoryLedger.rows).
+        self.row_cache: tuple[tuple[bool, dict[int, int] | None, bool], CellMemory] | None = None
 
 
 class _RssReader:
@@ -291,12 +294,24 @@ class MemoryLedger:
     def rows(self) -> list[CellMemory]:
         """Every kept cell as a row, judged against the memory held now."""
         rss_now = self._rss() if self._active else None
-        gpu_now = _gpu_of(self._probe.last_sample)
+        gpu_now = self._gpu_now()
+        rows: list[CellMemory] = []
         with self._lock:
-            records = list(self._done)
+            for record in self._done:
+                # A finished cell's row changes only with what it is judged against: whether its host growth is
+                # still held, the GPU figures now and its own GPU figures arriving.
+                key = (growth_held(record.rss_before, record.rss_after, rss_now), gpu_now, record.gpu_after is None)
+                cached = record.row_cache
+                if cached is not None and cached[0] == key:
+                    row = cached[1].copy()
+                    row["rss_now"] = rss_now
+                else:
+                    row = _row(record, rss_now, gpu_now)
+                    record.row_cache = (key, row.copy())
+                rows.append(row)
             if self._running is not None:
-                records.append(self._running)
-            return [_row(record, rss_now, gpu_now) for record in records]
+                rows.append(_row(self._running, rss_now, gpu_now))
+        return rows
 
 
 def _row(record: _CellRecord, rss_now: int | None, gpu_now: Mapping[int, int] | None) -> CellMemory:

@@ -132,6 +132,26 @@ class Snapshot(TypedDict):
     last_stop: dict[str, Any] | None
 
 
+class SharedRow(dict):  # type: ignore[type-arg]
+    """A snapshot row that later snapshots share while nothing in it changes (1000 threads: no copy of each row
+    on every snapshot). Read-only, so that editing one snapshot cannot change the next: ``dict(row)`` is an
+    editable copy, and so are ``row.copy()``, ``copy.copy(row)`` and a pickled and loaded row."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args: object, **kwargs: object) -> Any:
+        raise TypeError("a snapshot row is shared with later snapshots and read-only: edit dict(row) instead")
+
+    __setitem__ = __delitem__ = __ior__ = _refuse
+    clear = pop = popitem = setdefault = update = _refuse
+
+    def copy(self) -> dict[str, Any]:
+        return dict(self)
+
+    def __reduce__(self) -> tuple[type[dict[str, Any]], tuple[dict[str, Any]]]:
+        return dict, (dict(self),)
+
+
 #: A source returns a partial snapshot: list sections are appended, other sections replaced.
 Source = Callable[[], dict[str, Any]]
 
@@ -139,10 +159,10 @@ _LIST_SECTIONS = ("queues", "blocked_runs", "sessions", "ledger", "cell_memory",
 
 
 def cell_row(cell: CellInfo) -> CellRow:
-    """A cell as a row (a finished cell's row is made once and copied)."""
+    """A cell as a row (a finished cell's row is made once and shared)."""
     if cell.row_cache is not None:
-        return cell.row_cache.copy()  # type: ignore[return-value]
-    row = CellRow(
+        return cell.row_cache  # type: ignore[return-value]
+    row = SharedRow(
         execution_count=cell.execution_count,
         cell_id=cell.cell_id,
         first_line=cell.first_line,
@@ -152,8 +172,8 @@ def cell_row(cell: CellInfo) -> CellRow:
         error=cell.error,
     )
     if cell.ended_at is not None:
-        cell.row_cache = dict(row)
-    return row
+        cell.row_cache = row
+    return row  # type: ignore[return-value]
 
 
 def failure_row(failure: ThreadFailure) -> FailureRow:
@@ -249,10 +269,11 @@ class SnapshotBuilder:
         """One registered thread as a row; ``frame`` is its current frame (None: not running; needed only with
         ``stacks`` when ``innermost``, the name of its innermost function, is given); ``alive``: if known.
 
-        Built for every thread on every snapshot, so the common case costs a copy: the record keeps its last row,
-        and the registry marks it dirty whenever a field the row shows changes. What the registry cannot see
-        change is checked here every time: the state (from the frame), and, for threads with owners or a stop
-        request, the zombie reasons (an owner closes, a grace period runs out).
+        Built for every thread on every snapshot, so the common case costs nothing: the record keeps its last row
+        (a :class:`SharedRow`) until the registry changes a field the row shows (it drops the row then). What the
+        registry cannot see change is checked here every time: the state (from the frame), and, for threads with
+        owners or a stop request (whose rows are never kept), the zombie reasons (an owner closes, a grace period
+        runs out).
         """
         if alive is None:
             alive = record.is_alive()
@@ -265,18 +286,11 @@ class SnapshotBuilder:
         else:
             state = "waiting" if innermost in _WAITING else "running"
         cached = record.row_cache
-        if (
-            cached is not None
-            and not record.row_dirty
-            and cached["state"] == state
-            and cached["alive"] == alive
-            and not record.owners
-            and record.stop_requested_at is None
-            and not stacks
-        ):
-            row: ThreadRow = cached.copy()  # type: ignore[assignment]
-            return row
-        record.row_dirty = False  # before reading: a write from now on marks it dirty again
+        if cached is not None and cached["state"] == state and cached["alive"] == alive and not stacks:
+            return cached  # type: ignore[return-value]
+        # Marked before reading: a write from now on replaces the mark (under the registry's lock), and then the
+        # row made below, which may have missed it, is not kept.
+        building = record.row_cache = {"state": None}
         cell = record.cell
         failure = record.last_exception
         owners = record.owners
@@ -288,7 +302,7 @@ class SnapshotBuilder:
                 for reason, since in self._registry.zombie_reasons(record, grace, alive=alive)
             ]
         # A dict literal, not ThreadRow(...): a keyword call costs twice as much.
-        row = {
+        row: dict[str, Any] = {
             "tid": record.tid,
             "name": record.name,  # the monitor refreshes it from the Thread every second
             "ident": record.ident,
@@ -311,9 +325,10 @@ class SnapshotBuilder:
             "stack": format_stack(frame, cell_of=self.cell_of) if stacks and frame is not None else None,
             "last_exception": f"{failure.exc_type}: {failure.message}" if failure is not None else None,
         }
-        if not stacks:
-            record.row_cache = row.copy()  # type: ignore[assignment]
-        return row
+        shared = SharedRow(row)
+        if not stacks and not owners and record.stop_requested_at is None:
+            self._registry.keep_row(record, building, shared)
+        return shared  # type: ignore[return-value]
 
     def build(self, *, stacks: bool = False, include_internal: bool = False) -> Snapshot:
         """Take one snapshot. ``stacks`` adds every thread's current stack (slower)."""
@@ -322,22 +337,17 @@ class SnapshotBuilder:
         grace = self._grace_period()
         threads: list[ThreadRow] = []
         append = threads.append
-        # records() has just pruned the finished: every one is alive. The common case, a clean row whose state did
-        # not change, is inlined here (a copy of the last row): 1000 threads in well under a millisecond.
+        # records() has just pruned the finished: every one is alive. The common case, a kept row whose state did
+        # not change, is inlined here (the row itself, shared): 1000 threads in well under a millisecond.
+        frame = None
         for record in records:
             ident = record.ident
             frame = frames.get(ident) if ident is not None else None
             cached = record.row_cache
-            if (
-                cached is not None
-                and not stacks
-                and not record.row_dirty
-                and not record.owners
-                and record.stop_requested_at is None
-            ):
+            if cached is not None and not stacks:
                 state = "finished" if frame is None else "waiting" if frame.f_code.co_name in _WAITING else "running"
                 if cached["state"] == state:
-                    append(cached.copy())  # type: ignore[arg-type]
+                    append(cached)  # type: ignore[arg-type]
                     continue
             append(self.thread_row(record, frame, stacks=stacks, grace=grace, alive=True))
         # Frames held longer would keep what they refer to alive, to be finalized later in this thread (see

@@ -451,3 +451,26 @@ def test_the_process_tree_is_the_same_from_thread_lists_and_from_one_pass_over_p
         for child in children:
             os.killpg(child.pid, signal.SIGKILL)
             child.wait()
+
+
+def test_cells_queues_stay_bounded_between_the_monitors_ticks(shell: Any) -> None:
+    """Every look for new tasks walks the cells' queues: cells run faster than the monitor ticks, so making a cell's
+    queue prunes too. The queue of a cell with a live task is kept, and its task keeps its cell."""
+    ledger = ledger_module.current()
+    assert ledger is not None
+    kind = next(k for k in ledger.kinds if k.name == "task")
+    assert isinstance(kind, tasks.TaskLedger)
+    cell = run(
+        shell,
+        "import asyncio\nLOOP = asyncio.new_event_loop()\n"
+        "async def forever():\n    await asyncio.sleep(3600)\nT = LOOP.create_task(forever())",
+    )
+    limit = tasks.RECENT_QUEUES + tasks.QUEUE_SLACK
+    try:
+        for _ in range(limit + 50):
+            run(shell, "pass")
+            assert len(kind._queues) <= limit
+        rows = [r for r in nbcoord.snapshot()["ledger"] if r["kind"] == "task" and "forever()" in r["label"]]
+        assert [r["cell"] for r in rows] == [cell], rows
+    finally:
+        run(shell, "T.cancel(); LOOP.run_until_complete(asyncio.sleep(0)); LOOP.close()")

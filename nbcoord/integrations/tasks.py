@@ -80,6 +80,8 @@ _CELL: contextvars.ContextVar[Callable[[Any], None] | None] = contextvars.Contex
 #: Cells whose queues are kept besides those with live tasks (a task of an older cell that creates more tasks is
 #: still attributed while its cell has a live task; see TaskLedger._prune_queues).
 RECENT_QUEUES = 100
+#: Queues made beyond RECENT_QUEUES before a new cell's queue prunes them (amortises the pruning).
+QUEUE_SLACK = 20
 #: Whether tasks tell their context (Python 3.12+): then no task factory is needed.
 READ_CONTEXT = hasattr(asyncio.Task, "get_context")
 #: The message of nbcoord's cancellations (``CancelledError.args``), so that the task's code can tell.
@@ -239,6 +241,12 @@ class TaskLedger:
         """The cell's queue of new tasks, made on first use (one per cell; the dict keeps them in order)."""
         queue = self._queues.get(id(cell))
         if queue is None or queue.cell is not cell:
+            if len(self._queues) >= RECENT_QUEUES + QUEUE_SLACK:
+                # Pruned here too, not only on the monitor's tick: every look for new tasks walks the queues, and
+                # cells run faster than the tick (a failed cell's hooks look, so this bounds their cost).
+                with self._lock:
+                    in_use = {id(entry.cell) for entry in self._entries.values()}
+                self._prune_queues(in_use)
             queue = self._queues[id(cell)] = CellQueue(cell)
         return queue
 
