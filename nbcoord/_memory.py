@@ -52,6 +52,10 @@ KEEP_CELLS = 100
 NOTABLE_BYTES = 16 * 2**20
 #: Changes smaller than this are left out of a row's summary.
 SHOWN_BYTES = 2**20
+#: Once judged, a cell's host growth changes between held and given back only when what remains of it moved this
+#: far past the half-way mark (or a tenth of the growth, if more): the process's RSS moves by a few MiB on its own,
+#: and a row should not flicker between "still held" and "given back" with it.
+HELD_MARGIN_BYTES = 2 * 2**20
 
 try:
     import resource as _resource
@@ -84,12 +88,18 @@ class CellMemory(CellMemoryRow):
     summary: str  # "cell [7]: +2.1 GiB on GPU 0, still held"
 
 
-def growth_held(before: int | None, after: int | None, now: int | None) -> bool:
-    """Whether a notable growth from ``before`` to ``after`` is still (at least half) there ``now``."""
+def growth_held(before: int | None, after: int | None, now: int | None, was_held: bool | None = None) -> bool:
+    """Whether a notable growth from ``before`` to ``after`` is still (at least half) there ``now``; given the last
+    verdict ``was_held``, it changes only past a margin (HELD_MARGIN_BYTES) around the half-way mark."""
     if before is None or after is None or now is None:
         return False
     grew = after - before
-    return grew >= NOTABLE_BYTES and now - before >= grew / 2
+    if grew < NOTABLE_BYTES:
+        return False
+    half = grew / 2
+    if was_held is not None:
+        half += -max(HELD_MARGIN_BYTES, grew / 10) if was_held else max(HELD_MARGIN_BYTES, grew / 10)
+    return now - before >= half
 
 
 def _signed(n: int) -> str:
@@ -119,6 +129,7 @@ class _CellRecord:
         "row_cache",
         "rss_after",
         "rss_before",
+        "rss_held",
         "rss_peak",
         "started_at",
         "started_mono",
@@ -138,6 +149,8 @@ class _CellRecord:
         self.gpu_before = gpu
         self.gpu_after: dict[int, int] | None = None
         self.gpu_peak: dict[int, int] = dict(gpu) if gpu else {}
+        #: The last verdict on whether the cell's host growth is still held (None: not judged yet).
+        self.rss_held: bool | None = None
         #: A finished cell's last row and what it was judged against (see MemoryLedger.rows).
         self.row_cache: tuple[tuple[bool, dict[int, int] | None, bool], CellMemory] | None = None
 
@@ -300,22 +313,27 @@ class MemoryLedger:
             for record in self._done:
                 # A finished cell's row changes only with what it is judged against: whether its host growth is
                 # still held, the GPU figures now and its own GPU figures arriving.
-                key = (growth_held(record.rss_before, record.rss_after, rss_now), gpu_now, record.gpu_after is None)
+                held = False
+                if rss_now is not None:
+                    held = record.rss_held = growth_held(record.rss_before, record.rss_after, rss_now, record.rss_held)
+                key = (held, gpu_now, record.gpu_after is None)
                 cached = record.row_cache
                 if cached is not None and cached[0] == key:
                     row = cached[1].copy()
                     row["rss_now"] = rss_now
                 else:
-                    row = _row(record, rss_now, gpu_now)
+                    row = _row(record, rss_now, gpu_now, held)
                     record.row_cache = (key, row.copy())
                 rows.append(row)
             if self._running is not None:
-                rows.append(_row(self._running, rss_now, gpu_now))
+                running = self._running
+                held = growth_held(running.rss_before, running.rss_after, rss_now)
+                rows.append(_row(running, rss_now, gpu_now, held))
         return rows
 
 
-def _row(record: _CellRecord, rss_now: int | None, gpu_now: Mapping[int, int] | None) -> CellMemory:
-    """One cell as a row (under the ledger's lock)."""
+def _row(record: _CellRecord, rss_now: int | None, gpu_now: Mapping[int, int] | None, rss_held: bool) -> CellMemory:
+    """One cell as a row (under the ledger's lock); ``rss_held``: the verdict on its host growth."""
     rss_peak = record.rss_peak
     exact = False
     if (
@@ -336,7 +354,6 @@ def _row(record: _CellRecord, rss_now: int | None, gpu_now: Mapping[int, int] | 
         )
         for i in indices
     ]
-    rss_held = growth_held(record.rss_before, record.rss_after, rss_now)
     gpu_held = any(growth_held(d["before"], d["after"], d["now"]) for d in devices)
     row = CellMemory(
         cell=record.cell.execution_count,

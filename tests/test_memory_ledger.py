@@ -19,7 +19,9 @@ from typing import Any
 import pytest
 from helpers import Kernel, wait_until
 
-from nbcoord._memory import NOTABLE_BYTES, CellMemory, growth_held, summary
+from nbcoord._memory import NOTABLE_BYTES, CellMemory, MemoryLedger, growth_held, summary
+from nbcoord._probes import ResourceProbe
+from nbcoord._registry import Registry
 
 MiB, GiB = 2**20, 2**30
 TESTS = Path(__file__).resolve().parent
@@ -67,6 +69,49 @@ def test_growth_is_held_while_half_of_it_remains() -> None:
     assert not growth_held(GiB, GiB + NOTABLE_BYTES - 1, 2 * GiB), "small growth is not called growth"
     assert not growth_held(None, GiB, GiB)
     assert not growth_held(GiB, None, GiB)
+
+
+def test_once_judged_held_changes_only_past_a_margin() -> None:
+    before, after = GiB, GiB + 20 * MiB  # grew 20 MiB: the half-way mark at 10 MiB, a margin of 2 MiB
+    assert growth_held(before, after, before + 10 * MiB)
+    assert growth_held(before, after, before + 9 * MiB, was_held=True), "RSS moving a MiB flipped the verdict"
+    assert not growth_held(before, after, before + 7 * MiB, was_held=True)
+    assert not growth_held(before, after, before + 11 * MiB, was_held=False)
+    assert growth_held(before, after, before + 13 * MiB, was_held=False)
+    big = GiB + GiB  # grew 1 GiB: a margin of a tenth of it
+    assert growth_held(GiB, big, GiB + 450 * MiB, was_held=True)
+    assert not growth_held(GiB, big, GiB + 400 * MiB, was_held=True)
+    assert not growth_held(GiB, big, GiB + 600 * MiB, was_held=False)
+
+
+def test_a_rows_verdict_holds_while_rss_hovers_at_the_half_way_mark(monkeypatch: pytest.MonkeyPatch) -> None:
+    registry = Registry()
+    ledger = MemoryLedger(ResourceProbe())
+    rss = [GiB]
+
+    class FakeRss:  # the process's RSS as the test sets it
+        def __call__(self) -> int:
+            return rss[0]
+
+        def close(self) -> None:
+            pass
+
+    ledger._rss.close()
+    monkeypatch.setattr(ledger, "_rss", FakeRss())
+    try:
+        cell = registry.cell_started(1, None, "grow()")
+        ledger.on_cell("started", cell)
+        rss[0] = GiB + 20 * MiB
+        ledger.on_cell("finished", cell)
+        verdicts = []
+        for now in (11, 9, 11, 9, 10, 7, 9, 11, 13, 11):  # MiB of the growth left
+            rss[0] = GiB + now * MiB
+            (only,) = ledger.rows()
+            verdicts.append((only["held"], only["summary"].endswith("still held")))
+        held = [True] * 5 + [False] * 3 + [True] * 2
+        assert verdicts == [(h, h) for h in held]
+    finally:
+        ledger.uninstall()
 
 
 def test_summaries_say_where_and_whether_held() -> None:
