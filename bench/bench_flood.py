@@ -45,6 +45,14 @@ target = nbcoord.panel()
 controller = _panel.controller_for(nbcoord._extension)
 print(json.dumps({"comm_id": target.comm.comm_id, "route": target._fast_route["kind"]}))
 """
+# The stops the clicks ran, once the last has ended (each takes its whole grace period).
+COUNT_STOPS = """
+import time
+_until = time.monotonic() + 30
+while controller._stops.busy and time.monotonic() < _until:
+    time.sleep(0.05)
+print(controller._stops.stops_run)
+"""
 WITHOUT_NBCOORD = """
 import json, ipywidgets
 target = ipywidgets.Button()
@@ -93,7 +101,7 @@ def flood(with_nbcoord: bool, clicks: int) -> dict[str, Any]:
             answered = time.monotonic() - last_click
             stops = None
             if with_nbcoord:
-                stops = int(run_cell(kc, "print(controller._stops.stops_run)").strip())
+                stops = int(run_cell(kc, COUNT_STOPS).strip())
             return {"send_s": last_click - sent_at, "answered_s": answered, "stops": stops, "route": setup["route"]}
         finally:
             kc.stop_channels()

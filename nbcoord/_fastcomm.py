@@ -29,46 +29,42 @@ the main thread is free, so a command can arrive twice: the handler must be idem
 (the panel deduplicates by ``click_id``).
 
 The handler runs on one worker thread owned by the route, named ``nbcoord-fastcomm``,
-never on the kernel's channel threads. Nothing from a message is evaluated; malformed
-messages are ignored (logged at debug level); nothing raises into the kernel's threads.
+never on the kernel's channel threads (:mod:`._fastcomm_worker`: a bounded queue, in which
+equal clicks join the one queued last, so that a flood fills nothing). On the shell
+channel thread a message costs a byte test, a signature check (the kernel's own rules:
+unsigned, forged and replayed messages are not ours) and the parsing of its header and
+content; the dates in headers, which the route never reads, are not parsed. Nothing
+from a message is evaluated; malformed messages are ignored (logged at debug level);
+nothing raises into the kernel's threads.
 Nothing in-process can act while the main thread holds the GIL inside a C call that
 does not release it; the route then runs when the GIL is released.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
+import hmac
 import logging
-import queue
 import re
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, Final, Literal
 
+from ._fastcomm_worker import WORKER_THREAD_NAME, Handler, JoinedHandler, Worker
 from ._log import RateLimited
 
-__all__ = ["WORKER_THREAD_NAME", "FastRoute", "Handler", "RouteKind", "install"]
+__all__ = ["WORKER_THREAD_NAME", "FastRoute", "Handler", "JoinedHandler", "RouteKind", "install"]
 
 logger = logging.getLogger("nbcoord")
 
-Handler = Callable[[str, dict[str, Any]], None]
-"""``handler(comm_id, content)``: ``content`` is the custom message's own content."""
-
 RouteKind = Literal["shell-channel", "control", "none"]
 
-WORKER_THREAD_NAME: Final = "nbcoord-fastcomm"
 DEFAULT_TYPES: Final = frozenset({"stop"})
-# Clicks waiting for the worker; more than this means the handler is stuck, and
-# dropping is better than blocking a kernel channel thread.
-_QUEUE_SIZE: Final = 64
-_JOIN_TIMEOUT_S: Final = 2.0
 _DELIM: Final = b"<IDS|MSG>"
 # Comm ids that JSON writes verbatim, so that a byte search can pre-filter content.
 _PLAIN_ID: Final = re.compile(r"[A-Za-z0-9_.:-]+")
 
-_log_dropped = RateLimited(logging.WARNING, burst=3, window=60.0)
 _log_flood = RateLimited(logging.WARNING, burst=1, window=60.0)
 #: Panel commands a second above which the shell-channel route keeps their copies from the main thread.
 FLOOD_PER_S: Final = 20
@@ -82,51 +78,6 @@ def _log_once(level: int, message: str) -> None:
             return
         _logged_once.add(message)
     logger.log(level, message)
-
-
-class _Worker:
-    """One thread that calls the handler for each accepted command, in order."""
-
-    def __init__(self, handler: Handler, idle: Callable[[], None] = lambda: None) -> None:
-        self._handler = handler
-        self._idle = idle  # called when a command was handled and none waits
-        self._queue: queue.Queue[tuple[str, dict[str, Any]] | None] = queue.Queue(_QUEUE_SIZE)
-        self._stopping = False
-        self._thread = threading.Thread(target=self._run, name=WORKER_THREAD_NAME, daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def submit(self, comm_id: str, content: dict[str, Any]) -> bool:
-        """Queue a command; never blocks (called on kernel channel threads). False: dropped (queue full)."""
-        try:
-            self._queue.put_nowait((comm_id, content))
-        except queue.Full:  # the ordinary route still delivers it, later
-            _log_dropped("nbcoord fast route: handler is behind; a command was left to the ordinary route")
-            return False
-        return True
-
-    def stop(self) -> None:
-        """Stop after the command being handled; pending commands are dropped."""
-        self._stopping = True
-        with contextlib.suppress(queue.Full):  # the worker sees _stopping after its item
-            self._queue.put_nowait(None)
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(_JOIN_TIMEOUT_S)
-            if self._thread.is_alive():
-                logger.warning("nbcoord fast route: worker still busy after %.1f s", _JOIN_TIMEOUT_S)
-
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None or self._stopping:
-                return
-            try:
-                self._handler(*item)
-                if self._queue.empty():
-                    self._idle()
-            except Exception:
-                logger.exception("nbcoord fast route: handler failed")
 
 
 class FastRoute:
@@ -147,18 +98,20 @@ class FastRoute:
         self._types = frozenset(types)
         # Copy-on-write: channel threads read the attribute without a lock.
         self._comm_ids: frozenset[str] = frozenset()
+        self._comm_id_bytes: tuple[bytes, ...] | None = ()  # None: an id that JSON may escape, no byte test
         self._lock = threading.Lock()  # guards writes of _comm_ids and _undo
         self._active = False
         self._undo: Callable[[], None] | None = None
-        self._worker: _Worker | None = None
+        self._worker: Worker | None = None
         # The flood counter: touched by the shell channel thread only.
         self._window_start = 0.0
         self._window_count = 0
         #: Whether a cell runs now (the panel sets it): the control route then keeps the kernel's status busy.
         self.cell_running: Callable[[], bool] = lambda: False
         #: Called on the worker thread once the commands that came together are handled (the panel then sends the
-        #: acknowledgements it held back in a flood).
-        self.on_idle: Callable[[], None] = lambda: None
+        #: acknowledgement it held back in a flood); returns in how many seconds to call it again (None: not before
+        #: the next command).
+        self.on_idle: Callable[[], float | None] = lambda: None
 
     def __repr__(self) -> str:
         return f"<FastRoute {self}>"
@@ -171,12 +124,17 @@ class FastRoute:
     def add_comm(self, comm_id: str) -> None:
         """Accept commands addressed to ``comm_id`` (a widget's ``comm.comm_id``)."""
         with self._lock:
-            self._comm_ids = self._comm_ids | {comm_id}
+            self._set_comm_ids(self._comm_ids | {comm_id})
 
     def remove_comm(self, comm_id: str) -> None:
         """Stop accepting commands for ``comm_id``; unknown ids are ignored."""
         with self._lock:
-            self._comm_ids = self._comm_ids - {comm_id}
+            self._set_comm_ids(self._comm_ids - {comm_id})
+
+    def _set_comm_ids(self, ids: frozenset[str]) -> None:
+        plain = all(_PLAIN_ID.fullmatch(i) for i in ids)
+        self._comm_id_bytes = tuple(i.encode() for i in ids) if plain else None
+        self._comm_ids = ids
 
     def uninstall(self) -> None:
         """Undo what :func:`install` changed and stop the worker. Idempotent."""
@@ -196,19 +154,22 @@ class FastRoute:
 
     def _might_match(self, raw_content: bytes) -> bool:
         """Cheap byte test, so that big widget messages are not parsed twice."""
-        ids = self._comm_ids
-        if not all(_PLAIN_ID.fullmatch(i) for i in ids):
-            return bool(ids)
-        return any(i.encode() in raw_content for i in ids)
+        ids = self._comm_id_bytes
+        if ids is None:
+            return True
+        return any(i in raw_content for i in ids)
 
-    def _offer(self, content: object) -> bool:
-        """Hand ``content`` (a comm_msg's content) to the worker if it is ours; True when the worker took it."""
+    def _offer(self, content: object, *, private: bool = False) -> bool:
+        """Hand ``content`` (a comm_msg's content) to the worker if it is ours; True when the worker took it.
+
+        ``private``: nobody else holds ``content`` (it was unpacked for this route alone), so it is not copied.
+        """
         if not self._active or not isinstance(content, Mapping):
             return False
         comm_id = content.get("comm_id")
         if not isinstance(comm_id, str) or comm_id not in self._comm_ids:
             return False  # another widget's message: not ours to judge
-        command = _command(content.get("data"), self._types)
+        command = _command(content.get("data"), self._types, copy_it=not private)
         if command is None:
             logger.debug("nbcoord fast route: ignored a message for comm %s", comm_id)
             return False
@@ -229,8 +190,8 @@ class FastRoute:
         return True
 
 
-def _command(data: object, types: frozenset[str]) -> dict[str, Any] | None:
-    """Return a private copy of the custom content if it is an allowed command."""
+def _command(data: object, types: frozenset[str], *, copy_it: bool = True) -> dict[str, Any] | None:
+    """Return the custom content if it is an allowed command (a private copy unless ``copy_it`` is false)."""
     if not isinstance(data, Mapping) or data.get("method") != "custom":
         return None
     content = data.get("content")
@@ -239,6 +200,8 @@ def _command(data: object, types: frozenset[str]) -> dict[str, Any] | None:
     kind = content.get("type")
     if not isinstance(kind, str) or kind not in types:
         return None
+    if not copy_it:
+        return content
     try:
         return copy.deepcopy(content)
     except RecursionError:
@@ -270,20 +233,24 @@ def _peek_shell(route: FastRoute, session: Any, frames: list[Any]) -> bool:
     content = _as_bytes(frames[start + 4])
     if not route._might_match(content):
         return False
-    head = [
-        _as_bytes(frames[start]),
-        header,
-        _as_bytes(frames[start + 2]),
-        _as_bytes(frames[start + 3]),
-        content,
-    ]
-    # content=False: checks the signature (unsigned or forged messages are dropped
-    # here) without recording it, so the kernel's own deserialize does not see a
-    # "Duplicate Signature" and still delivers this message to the widget.
-    message = session.deserialize(head, content=False, copy=True)
-    if message["header"].get("msg_type") != "comm_msg":
+    signed = [header, _as_bytes(frames[start + 2]), _as_bytes(frames[start + 3]), content]
+    if not _authentic(session, _as_bytes(frames[start]), signed):
         return False
-    return route._offer(session.unpack(message["content"]))
+    parsed = session.unpack(header)
+    if not isinstance(parsed, Mapping) or parsed.get("msg_type") != "comm_msg":
+        return False
+    return route._offer(session.unpack(content), private=True)
+
+
+def _authentic(session: Any, signature: bytes, signed: list[bytes]) -> bool:
+    """The signature checks of the kernel's own ``Session.deserialize``, without recording the signature (so the
+    kernel still delivers this message to the widget) and without parsing the dates of headers this route never
+    reads: an unsigned, forged or replayed message is not ours."""
+    if session.auth is None:
+        return True
+    if not signature or signature in session.digest_history:
+        return False
+    return hmac.compare_digest(signature, session.sign(signed))
 
 
 def _install_shell_channel(kernel: object, route: FastRoute) -> str | None:
@@ -300,8 +267,10 @@ def _install_shell_channel(kernel: object, route: FastRoute) -> str | None:
     if getattr(stream, "io_loop", None) is not getattr(thread, "io_loop", object()):
         return "the shell stream is not read on the shell channel thread"
     session = getattr(kernel, "session", None)
-    if not all(callable(getattr(session, name, None)) for name in ("deserialize", "unpack")):
-        return "the kernel session cannot deserialize"
+    if not all(callable(getattr(session, name, None)) for name in ("sign", "unpack")) or not all(
+        hasattr(session, name) for name in ("auth", "digest_history")
+    ):
+        return "the kernel session cannot check signatures"
 
     def on_shell_message(frames: list[Any]) -> Any:
         if route._active:
@@ -392,7 +361,13 @@ def _untracked_idle(kernel: object, idents: Any, msg: Mapping[str, Any]) -> None
 _Installer = Callable[[object, FastRoute], "str | None"]
 
 
-def install(kernel: object, handler: Handler, *, types: Collection[str] = DEFAULT_TYPES) -> FastRoute:
+def install(
+    kernel: object,
+    handler: Handler,
+    *,
+    types: Collection[str] = DEFAULT_TYPES,
+    joined: JoinedHandler | None = None,
+) -> FastRoute:
     """Install the fastest route the kernel offers for the panel's commands.
 
     Parameters
@@ -405,6 +380,10 @@ def install(kernel: object, handler: Handler, *, types: Collection[str] = DEFAUL
         accepted command; ``content`` is the custom message's content, a private copy.
     types : collection of str
         Accepted values of ``content["type"]``.
+    joined : callable, optional
+        ``joined(comm_id, content, click_ids)``: with it, a command that comes while an equal one (but for its
+        ``click_id`` and ``clicked_at``, every other value a plain one) is the last to wait for the worker joins
+        that one, and reaches the worker as one of ``click_ids`` (None: every command is queued on its own).
 
     Returns
     -------
@@ -418,7 +397,7 @@ def install(kernel: object, handler: Handler, *, types: Collection[str] = DEFAUL
     )
     for kind, install_route in installers:
         route = FastRoute(kind, None, types)
-        why = _try_install(kernel, route, install_route, handler)
+        why = _try_install(kernel, route, install_route, handler, joined)
         if why is None:
             return route
         reasons.append(f"{kind}: {why}")
@@ -427,7 +406,9 @@ def install(kernel: object, handler: Handler, *, types: Collection[str] = DEFAUL
     return route
 
 
-def _try_install(kernel: object, route: FastRoute, install_route: _Installer, handler: Handler) -> str | None:
+def _try_install(
+    kernel: object, route: FastRoute, install_route: _Installer, handler: Handler, joined: JoinedHandler | None
+) -> str | None:
     """Install one route and start its worker; return why not, or None."""
     with route._lock:
         try:
@@ -438,10 +419,10 @@ def _try_install(kernel: object, route: FastRoute, install_route: _Installer, ha
         if why is not None:
             return why
 
-        def idle() -> None:
-            route.on_idle()  # read when called: the panel sets it after install
+        def idle() -> float | None:
+            return route.on_idle()  # read when called: the panel sets it after install
 
-        route._worker = _Worker(handler, idle)
+        route._worker = Worker(handler, idle, joined)
         try:
             route._worker.start()
         except RuntimeError as error:  # "can't start new thread"

@@ -51,6 +51,7 @@ from ._panel_commands import (
     Command,
     Rejected,
     StopRunner,
+    is_click_id,
     parse_command,
     reject,
 )
@@ -99,6 +100,8 @@ _MAX_VIEWS: Final = 64
 #: ``ACKED_KEPT`` clicks), and the last one when the burst is handled: 10,000 clicks no longer make 10,000 messages.
 ACK_SPACING_S: Final = 0.05
 ACKED_KEPT: Final = 64
+#: The click id a joined command is checked with (its clicks' own ids are checked one by one).
+_JOINED_PLACEHOLDER: Final = "joined-0"
 #: The former name of :func:`._panel_state.memory_close`.
 _memory_close = memory_close
 
@@ -109,7 +112,9 @@ class Acknowledger:
 
     Each acknowledgement names the last ``ACKED_KEPT`` clicks acknowledged (``click_ids``), so that in a flood one
     message answers many: on the fast route a click that comes within ``ACK_SPACING_S`` of the last message sent is
-    held, and sent with the next one or when the fast route's worker has no command left (:meth:`send_held`).
+    held, and sent with the next one, or by the fast route's worker once it has no command left and the spacing
+    has passed (:meth:`send_due`): a flood the worker keeps up with still sends 20 messages a second, not one per
+    click.
     """
 
     def __init__(self, send: Callable[[dict[str, Any], float], None]) -> None:
@@ -119,12 +124,14 @@ class Acknowledger:
         self._held: dict[str, Any] | None = None
         self._sent_at = -math.inf
 
-    def acknowledge(self, command: Command, received: float, route: str) -> None:
+    def acknowledge(self, command: Command, received: float, route: str, more: Sequence[str] = ()) -> None:
+        """Acknowledge ``command``'s click and the clicks in ``more`` (equal commands that joined it), in one."""
         now = time.monotonic()
         with self._lock:
             self._acked.append(command.click_id)
+            self._acked.extend(more[-ACKED_KEPT:])
             ack = {
-                "click_id": command.click_id,
+                "click_id": more[-1] if more else command.click_id,
                 "click_ids": list(self._acked),
                 "type": command.type,
                 "at": round(received, 3),
@@ -146,6 +153,19 @@ class Acknowledger:
                 self._sent_at = now
         if ack is not None:
             self._send(ack, now)
+
+    def send_due(self) -> float | None:
+        """Send the acknowledgement held back once ``ACK_SPACING_S`` has passed since the last one; return the
+        seconds until then (the fast route's worker calls it again after that long), None when none is held."""
+        with self._lock:
+            if self._held is None:
+                return None
+            wait = self._sent_at + ACK_SPACING_S - time.monotonic()
+        if wait > 0:
+            return wait
+        self.send_held()
+        return None
+
 
 class PanelController:
     """Owns one kernel's panel: the widget, its sender thread, its fast route, its views and its commands."""
@@ -379,30 +399,40 @@ class PanelController:
     def _install_route(self) -> _fastcomm.FastRoute:
         """The fast route for clicks, told when a cell runs (ipykernel 6's status) and when a burst is handled."""
         route = _fastcomm.install(getattr(self.extension.shell, "kernel", None), self._from_fast_route,
-                                  types=COMMAND_TYPES)
+                                  types=COMMAND_TYPES, joined=self._joined_on_fast_route)
         registry = self.extension.registry
         route.cell_running = lambda: registry.current_cell() is not None
-        route.on_idle = self._acks.send_held
+        route.on_idle = self._acks.send_due
         return route
 
     def _from_fast_route(self, comm_id: str, content: dict[str, Any]) -> None:
         self.handle(content, route=self.route.kind)
 
+    def _joined_on_fast_route(self, comm_id: str, content: dict[str, Any], click_ids: list[str]) -> None:
+        self.handle(content, route=self.route.kind, joined=click_ids)
+
     def _from_widget(self, widget: Any, content: Any, buffers: Any) -> None:
         self.handle(content, route="ordinary")
 
-    def handle(self, content: object, *, route: str) -> None:
-        """Validate and run one command from the front end; never raises."""
+    def handle(self, content: object, *, route: str, joined: Sequence[str] = ()) -> None:
+        """Validate and run one command from the front end; never raises.
+
+        ``joined``: instead of ``content``'s own click, the clicks of equal commands (but for their click id) that
+        the fast route joined to it; each is checked and acted on once, as if it had come on its own.
+        """
         try:
-            self._handle(content, route)
+            self._handle(content, route, joined)
         except Exception:
             log.warning("nbcoord: panel command failed", exc_info=True)
 
-    def _handle(self, content: object, route: str) -> None:
+    def _handle(self, content: object, route: str, joined: Sequence[str]) -> None:
         received = time.time()
         registry = self.extension.registry
         with self._lock:
             restartable = self._restartable
+        if joined and isinstance(content, Mapping):
+            # The clicks' common command is checked as any command is; each click id on its own, below.
+            content = {**content, "click_id": _JOINED_PLACEHOLDER}
         try:
             command = parse_command(
                 content,
@@ -413,21 +443,40 @@ class PanelController:
         except Rejected as why:
             reject(why, content)
             return
-        if not self._clicks.first_time(command.click_id):
-            self.duplicates.append(command.click_id)  # the other route's copy: already handled
+        command = dataclasses.replace(command, route=route, received_at=received)
+        commands = [command] if not joined else self._joined_commands(command, joined)
+        commands = [c for c in commands if self._first_time(c)]
+        if not commands:
             return
         if command.type == "view":
-            self._view(command)
+            self._view(commands[-1])
             return
         if command.type in ACTION_TYPES:
-            self._acks.acknowledge(command, received, route)
-        command = dataclasses.replace(command, route=route, received_at=received)
+            self._acks.acknowledge(commands[0], received, route, [c.click_id for c in commands[1:]])
         if command.type == "stack":
-            self._stack(command)
+            self._stack(commands[-1])
         elif command.type == "reclaim":
-            self._reclaim(command)
+            for each in commands:
+                self._reclaim(each)
         else:
-            self._stops.submit(command)
+            self._stops.submit_all(commands)
+
+    @staticmethod
+    def _joined_commands(command: Command, click_ids: Sequence[str]) -> list[Command]:
+        """``command`` once per click id that joined it on the fast route; ids of another form are rejected."""
+        commands = []
+        for click_id in click_ids:
+            if is_click_id(click_id):
+                commands.append(dataclasses.replace(command, click_id=click_id, clicked_at=None))
+            else:
+                reject(Rejected("click_id must be <view id>-<number>"), {"type": command.type, "click_id": click_id})
+        return commands
+
+    def _first_time(self, command: Command) -> bool:
+        if self._clicks.first_time(command.click_id):
+            return True
+        self.duplicates.append(command.click_id)  # the other route's copy: already handled
+        return False
 
     def _view(self, command: Command) -> None:
         assert command.view_id is not None

@@ -95,6 +95,11 @@ class Command:
         return (self.type, self.session)
 
 
+def is_click_id(value: object) -> bool:
+    """Whether ``value`` has the form of a click id, ``<view id>-<n>`` (what :func:`parse_command` checks)."""
+    return isinstance(value, str) and _CLICK_ID.fullmatch(value) is not None
+
+
 def is_number(value: object) -> bool:
     """A finite int or float (not a bool)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
@@ -293,16 +298,24 @@ class StopRunner:
 
     def submit(self, command: Command) -> None:
         """Queue a stop (or join an equal one); never blocks, whatever runs."""
+        self.submit_all([command])
+
+    def submit_all(self, commands: list[Command]) -> None:
+        """Queue equal actions (the same ``stop_key``, clicks joined on the fast route) as :meth:`submit` would,
+        under one lock: the first queues a stop or joins one, the others join it."""
+        if not commands:
+            return
+        command = commands[0]
         key = command.stop_key
         with self._lock:
             if self._stopping:
                 return
             if self._current is not None and self._current_key == key:
-                self._current.append(command)
+                self._current.extend(commands)
                 return
             waiting = self._waiting.get(key)
             if waiting is not None:
-                waiting.append(command)
+                waiting.extend(commands)
                 return
             if len(self._waiting) >= MAX_WAITING_STOPS:
                 self._dropped(
@@ -311,7 +324,7 @@ class StopRunner:
                     command.scope,
                 )
                 return
-            self._waiting[key] = [command]
+            self._waiting[key] = list(commands)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name=STOP_THREAD_NAME, daemon=True)
                 self._thread.start()

@@ -30,7 +30,7 @@ from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 from jupyter_client.session import Session
 
-from nbcoord import _fastcomm
+from nbcoord import _fastcomm, _fastcomm_worker
 
 REPO = Path(__file__).resolve().parents[1]
 # The ipykernel 6 environment; CI creates it (see the README's development section).
@@ -211,6 +211,22 @@ def test_shell_route_copies_only_ours_and_passes_everything_on(
     assert not worker_alive()
 
 
+def test_shell_route_ignores_a_replayed_message(channel_thread: ChannelThread, recorder: Recorder) -> None:
+    kernel = FakeShellKernel(channel_thread)
+    route = _fastcomm.install(kernel, recorder)
+    route.add_comm("mine")
+    frames = kernel.frames(stop_content("mine", "once"))
+    kernel.deliver(frames)
+    wait_until(lambda: recorder.calls)
+    _, parts = kernel.session.feed_identities(frames, copy=False)
+    kernel.session.deserialize(parts, content=True, copy=False)  # the kernel records its signature
+    kernel.deliver(frames)  # the same message again: the kernel would refuse it, and so does the route
+    kernel.deliver(kernel.frames(stop_content("mine", "next")))
+    wait_until(lambda: len(recorder.calls) == 2)
+    assert [c[1]["click_id"] for c in recorder.calls] == ["once", "next"]
+    route.uninstall()
+
+
 def test_shell_route_rewrapped_later_stays_inert(channel_thread: ChannelThread, recorder: Recorder) -> None:
     kernel = FakeShellKernel(channel_thread)
     route = _fastcomm.install(kernel, recorder)
@@ -263,6 +279,106 @@ def test_failing_handler_is_logged_and_the_worker_goes_on(
     assert done.wait(10)
     route.uninstall()
     assert any(r.exc_info and "handler failed" in r.getMessage() for r in caplog.records)
+
+
+class HeldWorker:
+    """A control-route install whose handler holds the worker on its first command until released."""
+
+    def __init__(self, channel_thread: ChannelThread) -> None:
+        self.release = threading.Event()
+        self.holding = threading.Event()
+        self.handled: list[str] = []
+        self.joined: list[tuple[str, list[str]]] = []
+        self.idle_calls: list[float] = []
+        self.kernel = types.SimpleNamespace(control_handlers={}, control_thread=channel_thread)
+        self.route = _fastcomm.install(self.kernel, self.handler, joined=self.join)
+        self.route.add_comm("mine")
+
+    def handler(self, comm_id: str, content: dict[str, Any]) -> None:
+        if not self.holding.is_set():
+            self.holding.set()
+            assert self.release.wait(10)
+        self.handled.append(content["click_id"])
+
+    def join(self, comm_id: str, content: dict[str, Any], click_ids: list[str]) -> None:
+        self.joined.append((content["click_id"], list(click_ids)))
+
+    def send(self, click_id: str, **values: Any) -> None:
+        msg = {"content": stop_content("mine", click_id)}
+        msg["content"]["data"]["content"].update(values)
+        self.kernel.control_handlers["comm_msg"](None, [], msg)
+
+
+def test_equal_commands_queued_behind_a_busy_worker_join_the_last_one(channel_thread: ChannelThread) -> None:
+    held = HeldWorker(channel_thread)
+    held.send("v-0")
+    assert held.holding.wait(10)
+    for n in range(1, 6):  # equal but for click_id and clicked_at: one queued command
+        held.send(f"v-{n}", scope="all", clicked_at=float(n))
+    held.send("v-6", scope="cell")  # another command: queued on its own, and the next join the last one only
+    held.send("v-7", scope="all")
+    held.send("v-8", scope="all", force=1)  # 1 is not True: never joins a command that parses differently
+    held.send("v-9", scope="all", force=True)
+    held.send("v-10", scope="all", force=True)
+    held.send("v-11", scope="all", nested={"a": 1})  # nothing nested is compared: queued on its own
+    held.send("v-12", scope="all", nested={"a": 1})
+    held.release.set()
+    wait_until(lambda: len(held.handled) == 8)
+    assert held.handled == ["v-0", "v-1", "v-6", "v-7", "v-8", "v-9", "v-11", "v-12"]
+    wait_until(lambda: len(held.joined) == 2)
+    assert held.joined == [("v-1", ["v-2", "v-3", "v-4", "v-5"]), ("v-9", ["v-10"])]
+    held.route.uninstall()
+    assert not worker_alive()
+
+
+def test_without_a_joined_handler_every_command_is_queued_on_its_own(
+    channel_thread: ChannelThread, recorder: Recorder
+) -> None:
+    kernel = types.SimpleNamespace(control_handlers={}, control_thread=channel_thread)
+    route = _fastcomm.install(kernel, recorder)
+    route.add_comm("mine")
+    for n in range(20):
+        kernel.control_handlers["comm_msg"](None, [], {"content": stop_content("mine", f"v-{n}")})
+    wait_until(lambda: len(recorder.calls) == 20)
+    assert [c[1]["click_id"] for c in recorder.calls] == [f"v-{n}" for n in range(20)]
+    route.uninstall()
+
+
+def test_a_flood_is_bounded_by_the_queue_and_the_joined_clicks(channel_thread: ChannelThread) -> None:
+    held = HeldWorker(channel_thread)
+    held.send("v-0")
+    assert held.holding.wait(10)
+    room = _fastcomm_worker.QUEUE_SIZE * (1 + _fastcomm_worker.MAX_JOINED)
+    taken = [held.route._worker.submit("mine", {"type": "stop", "click_id": f"v-{n}"}) for n in range(1, room + 101)]
+    assert taken == [True] * room + [False] * 100  # the rest is left to the ordinary route
+    with held.route._worker._lock:
+        pending = list(held.route._worker._pending)
+    assert len(pending) == _fastcomm_worker.QUEUE_SIZE
+    assert all(len(item.joined) == _fastcomm_worker.MAX_JOINED for item in pending)
+    held.release.set()
+    wait_until(lambda: len(held.joined) == _fastcomm_worker.QUEUE_SIZE)
+    clicks = held.handled[1:] + [click for _, ids in held.joined for click in ids]
+    assert sorted(clicks) == sorted(f"v-{n}" for n in range(1, room + 1))  # each taken click once, none lost
+    held.route.uninstall()
+
+
+def test_the_worker_calls_idle_again_after_the_delay_it_asks_for(channel_thread: ChannelThread) -> None:
+    calls: list[float] = []
+
+    def idle() -> float | None:
+        calls.append(time.monotonic())
+        return 0.05 if len(calls) < 3 else None
+
+    kernel = types.SimpleNamespace(control_handlers={}, control_thread=channel_thread)
+    route = _fastcomm.install(kernel, lambda comm_id, content: None)
+    route.on_idle = idle
+    route.add_comm("mine")
+    kernel.control_handlers["comm_msg"](None, [], {"content": stop_content("mine", "v-1")})
+    wait_until(lambda: len(calls) == 3)
+    time.sleep(0.2)
+    assert len(calls) == 3, "None: not called again before the next command"
+    assert calls[2] - calls[1] >= 0.04 and calls[1] - calls[0] >= 0.04
+    route.uninstall()
 
 
 # -- real kernels ----------------------------------------------------------------------
@@ -333,7 +449,7 @@ class Kernel:
 
 KERNEL_SETUP = """
 import json, signal, threading, time, comm
-from nbcoord import _fastcomm
+from nbcoord import _fastcomm, _fastcomm_worker
 
 class FastCommProbe:
     def __init__(self):

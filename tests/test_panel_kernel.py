@@ -575,6 +575,7 @@ def test_a_flood_of_stop_clicks_runs_few_stops_and_the_kernel_answers(pk: PanelK
     )
     view = f"flood{uuid.uuid4().hex[:6]}"
     started = time.monotonic()
+    since = time.time()
     for n in range(1, 2001):
         pk.send({"type": "stop", "scope": "all", "click_id": f"{view}-{n}"})
     sent = time.monotonic()
@@ -589,6 +590,10 @@ def test_a_flood_of_stop_clicks_runs_few_stops_and_the_kernel_answers(pk: PanelK
     assert 1 <= stops <= 5, f"{stops} stops for 2,000 clicks ({took})"
     last = wait_until(lambda: pk.state().get("last_stop"), 10)
     assert last is not None and last["clicks"] >= 1
+    # Acknowledged in a few messages (one per ACK_SPACING_S at most on the fast route), the last click in the last.
+    wait_until(lambda: f"{view}-2000" in (pk.state().get("ack") or {}).get("click_ids", []), 10, what="the last ack")
+    acks = [update["ack"] for update in pk.updates_since(since) if "ack" in update]
+    assert len(acks) < 200, f"{len(acks)} acknowledgements for 2,000 clicks ({took})"
     pk.run("keep_going = False; stubborn_thread.join(5)\n%nbcoord config grace_period=1")
 
 
@@ -611,6 +616,73 @@ def test_a_click_is_acted_on_once_however_many_messages_come_between(pk: PanelKe
     assert pk.value("controller._stops.stops_run - stops_before") == 1
     assert pk.value("late[0].is_alive()") is True
     pk.run("[nbcoord.stop_all(thread=r['tid']) for r in nbcoord.snapshot()['threads'] if r['name'] == late[0].name]")
+
+
+@pytest.mark.kernel
+def test_clicks_joined_on_the_fast_route_are_acknowledged_answered_by_one_stop_and_never_run_again(
+    pk: PanelKernel,
+) -> None:
+    # The fast route's worker is held on a first command until 49 equal Stop clicks wait behind it: they join one
+    # queued command. A busy cell keeps their ordinary copies (every one of them on ipykernel 6; the first of a
+    # burst on 7) queued on the main thread until the stop has run: those copies must then find every click done.
+    clicks = 50
+    view = f"join{uuid.uuid4().hex[:6]}"
+    pk.run(
+        f"""
+        _worker = controller.route._worker
+        _inner = _worker._handler
+        gate_saw = []
+        gate_in = threading.Event()
+        def _gated(comm_id, content):
+            if str(content.get("click_id", "")).startswith("gate"):
+                gate_in.set()
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline:
+                    with _worker._lock:
+                        waiting = [len(item.joined) for item in _worker._pending]
+                    if waiting and waiting[-1] >= {clicks - 1}:
+                        break
+                    time.sleep(0.01)
+                gate_saw.append(waiting)
+            _inner(comm_id, content)
+        _worker._handler = _gated
+        joined_threads = workers('joined', 2)
+        stops_before = controller._stops.stops_run
+        """
+    )
+    try:
+        pk.send({"type": "view", "view_id": "gate", "action": "alive", "click_id": f"gate{view}-1"})
+        wait_until(lambda: pk.value("gate_in.is_set()"), 30, what="the worker to hold")
+        msg_id = pk.submit(
+            "print('busy', flush=True)\n"
+            "_until = time.monotonic() + 30\n"
+            "while controller._stops.stops_run == stops_before and time.monotonic() < _until:\n"
+            "    time.sleep(0.01)\n"
+        )
+        wait_until(lambda: pk.printed(msg_id, "busy"), 30, what="the busy cell")
+        for n in range(1, clicks + 1):
+            pk.send({"type": "stop", "scope": "all", "click_id": f"{view}-{n}", "clicked_at": time.time()})
+        pk.finish(msg_id)
+        pk.run("pass")  # queued behind the ordinary copies: they have all been handled now
+        assert pk.value("gate_saw") == [[clicks - 1]], "the clicks did not join one queued command"
+        assert pk.value("controller._stops.stops_run - stops_before") == 1
+        ids = [f"{view}-{n}" for n in range(1, clicks + 1)]
+        assert pk.value(f"[i for i in {ids!r} if controller._clicks.first_time(i)]") == [], "a click was not recorded"
+        assert pk.value("[t.is_alive() for t in joined_threads]") == [False, False]
+        last = reported(pk, f"{view}-1")
+        assert last["clicks"] == clicks and last["click_ids"] == ids and last["route"] == pk.route
+        # Every click acknowledged to the front end: the last acknowledgement names all of them.
+        ack = wait_until(lambda: (a := pk.state().get("ack")) and a["click_id"] == ids[-1] and a, 10)
+        assert set(ids) <= set(ack["click_ids"])
+        # A copy that comes later still finds each click done.
+        later = pk.value("controller._stops.stops_run")
+        for n in (1, clicks // 2, clicks):
+            pk.send({"type": "stop", "scope": "all", "click_id": f"{view}-{n}"})
+        pk.run("pass")
+        wait_until(lambda: not pk.value("controller._stops.busy"), 10, what="no stop to run")
+        assert pk.value("controller._stops.stops_run") == later
+    finally:
+        pk.run("_worker._handler = _inner")
 
 
 @pytest.mark.kernel
@@ -1004,6 +1076,43 @@ def test_a_click_is_acknowledged_before_its_action_runs(in_process: Any) -> None
     assert controller.widget.last_stop["click_id"] == "ack-1"
 
 
+def test_joined_clicks_are_each_checked_and_acted_on_once(in_process: Any) -> None:
+    # What the fast route's worker hands over for clicks joined in its queue: the common command, then their ids.
+    controller = _panel.controller_for(in_process)
+    controller.stop_sender()
+    release = threading.Event()
+    original = controller._run_action
+    ran: list[str] = []
+
+    def held_action(command: Any) -> Any:
+        ran.append(command.click_id)
+        release.wait(10)
+        return original(command)
+
+    controller._stops._run = held_action
+    rejected = _panel_commands.log_rejection.calls
+    content = {"type": "stop", "scope": "all", "click_id": "jn-1", "clicked_at": 1.0}
+    controller.handle(content, route="shell-channel")
+    wait_until(lambda: ran, 10, what="the stop to start")
+    controller.handle(content, route="shell-channel", joined=["jn-2", "bad id", "jn-3", "jn-2", "jn-1"])
+    # A malformed first click id is rejected on its own; the clicks joined to it are checked without it.
+    malformed = {**content, "click_id": "x" * 80}
+    controller.handle(malformed, route="shell-channel")
+    controller.handle(malformed, route="shell-channel", joined=["jn-4"])
+    assert _panel_commands.log_rejection.calls - rejected == 2  # "bad id" and the first click id of the last call
+    wait_until(lambda: controller._acks.send_due() is None, 2, what="the held acknowledgement")
+    assert controller.widget.ack["click_ids"][-4:] == ["jn-1", "jn-2", "jn-3", "jn-4"]
+    release.set()
+    ticked(controller, lambda: controller.widget.last_stop, "the stop's report")
+    assert ran == ["jn-1"], "every click joined the stop that ran"
+    assert controller.widget.last_stop["click_ids"] == ["jn-1", "jn-2", "jn-3", "jn-4"]
+    assert [c for c in ("jn-1", "jn-2", "jn-3", "jn-4") if controller._clicks.first_time(c)] == []
+    # The ordinary copies, later: each a duplicate, nothing runs.
+    for n in range(1, 5):
+        controller.handle({"type": "stop", "scope": "all", "click_id": f"jn-{n}"}, route="ordinary")
+    assert not controller._stops.busy and ran == ["jn-1"]
+
+
 def test_reclaim_and_restart_answer_with_an_outcome(in_process: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     controller = _panel.controller_for(in_process)
     controller.stop_sender()
@@ -1038,7 +1147,7 @@ def test_a_flood_of_clicks_is_acknowledged_in_few_messages_and_the_last_click_is
         acks.acknowledge(SimpleNamespace(click_id=f"c{n}", type="stop"), time.time(), "shell-channel")  # type: ignore[arg-type]
     assert 1 <= len(sent) < 100, f"{len(sent)} messages for 1,000 clicks"
     assert sent[0]["click_id"] == "c1"  # the first click of a burst is answered at once
-    acks.send_held()  # what the fast route's worker does once it has no command left
+    acks.send_held()  # what send_due does once the spacing has passed (the worker calls it when it has no command)
     assert sent[-1]["click_id"] == "c1000" and len(sent[-1]["click_ids"]) == ACKED_KEPT
     assert sent[-1]["click_ids"][-1] == "c1000"
     before = len(sent)
@@ -1047,3 +1156,30 @@ def test_a_flood_of_clicks_is_acknowledged_in_few_messages_and_the_last_click_is
     for n in range(3):  # the ordinary route (the main thread, one message at a time) is never held back
         acks.acknowledge(SimpleNamespace(click_id=f"o{n}", type="stop"), time.time(), "ordinary")  # type: ignore[arg-type]
     assert [ack["click_id"] for ack in sent[before:]] == ["o0", "o1", "o2"]
+
+
+def test_a_held_acknowledgement_goes_out_when_the_spacing_has_passed_not_before() -> None:
+    # The fast route's worker calls send_due each time it has no command left: in a flood it keeps up with, that is
+    # after nearly every click, and the acknowledgements must still go out ACK_SPACING_S apart (before, 10,000 clicks
+    # sent 2,739 of them, each a message on iopub).
+    from types import SimpleNamespace
+
+    from nbcoord._panel import ACK_SPACING_S, Acknowledger
+
+    sent: list[dict[str, Any]] = []
+    acks = Acknowledger(lambda ack, _now: sent.append(ack))
+    assert acks.send_due() is None, "nothing held: nothing to wait for"
+    started = time.monotonic()
+    waits = []
+    for n in range(1, 201):
+        acks.acknowledge(SimpleNamespace(click_id=f"c{n}", type="stop"), time.time(), "shell-channel")  # type: ignore[arg-type]
+        waits.append(acks.send_due())
+    took = time.monotonic() - started
+    assert len(sent) <= 2 + took / ACK_SPACING_S, f"{len(sent)} acknowledgements in {took:.3f} s"
+    assert all(wait is None or 0 < wait <= ACK_SPACING_S for wait in waits)
+    wait_until(lambda: acks.send_due() is None and sent[-1]["click_id"] == "c200", 2, what="the held acknowledgement")
+    assert sent[-1]["click_ids"][-1] == "c200"
+    # Clicks joined on the fast route: one acknowledgement names them all, the last one as its click.
+    acks.acknowledge(SimpleNamespace(click_id="j-1", type="stop"), time.time(), "shell-channel", ["j-2", "j-3"])  # type: ignore[arg-type]
+    wait_until(lambda: acks.send_due() is None and sent[-1]["click_id"] == "j-3", 2, what="the joined clicks' ack")
+    assert sent[-1]["click_ids"][-3:] == ["j-1", "j-2", "j-3"]
