@@ -1139,7 +1139,7 @@ def test_reclaim_and_restart_answer_with_an_outcome(in_process: Any, monkeypatch
 def test_a_flood_of_clicks_is_acknowledged_in_few_messages_and_the_last_click_is_in_one() -> None:
     from types import SimpleNamespace
 
-    from nbcoord._panel import ACKED_KEPT, Acknowledger
+    from nbcoord._panel_acks import ACKED_KEPT, Acknowledger
 
     sent: list[dict[str, Any]] = []
     acks = Acknowledger(lambda ack, _now: sent.append(ack))
@@ -1164,7 +1164,7 @@ def test_a_held_acknowledgement_goes_out_when_the_spacing_has_passed_not_before(
     # sent 2,739 of them, each a message on iopub).
     from types import SimpleNamespace
 
-    from nbcoord._panel import ACK_SPACING_S, Acknowledger
+    from nbcoord._panel_acks import ACK_SPACING_S, Acknowledger
 
     sent: list[dict[str, Any]] = []
     acks = Acknowledger(lambda ack, _now: sent.append(ack))
