@@ -349,6 +349,56 @@ def test_interrupt_ends_a_main_thread_blocked_enqueuing_into_a_full_queue(tf_ker
     run(tf_kernel, "sess.close()")
 
 
+PREPARED = """
+import inspect, json
+from pygments.lexers.python import PythonLexer
+from stack_data.core import Source
+from nbcoord.integrations import _tf_eager, _tf_runs
+def prepared(module):  # stack_data's cached properties become plain attributes once computed
+    return "pieces" in vars(Source.for_filename(module.__file__, vars(module)))
+print("@@" + json.dumps({
+    "lexer": "_tokens" in vars(PythonLexer),  # compiled at the lexer's first use
+    "modules_indexed": inspect.getabsfile(tf) in inspect.modulesbyfile,
+    "sources": [prepared(_tf_runs), prepared(_tf_eager)],
+}))
+"""
+
+
+@pytest.mark.parametrize("python", TF_KERNELS)
+def test_the_first_interrupts_traceback_is_prepared_right_after_tensorflows_import(python: str, tmp_path: Path) -> None:
+    """The first Interrupt of a blocked run took 40-50 ms longer than the later ones (and up to 0.7 s longer when
+    the press found the per-run preparation still running): IPython, formatting the first traceback through
+    nbcoord's wrapper, compiled pygments' Python lexer, tokenized the wrapper's file and indexed every module.
+    That is done once, on a thread of nbcoord's own, right after TensorFlow's import: before any cell has failed
+    (in a fresh kernel nothing else does it), and with no thread of nbcoord's left when it is done."""
+    kernel = start_kernel(python)
+    try:
+        run(kernel, "%load_ext nbcoord")
+        run(kernel, "import json, threading, time\nimport nbcoord\nimport tensorflow as tf")
+        names = "[t.name for t in threading.enumerate() if t.name == 'nbcoord-tf-prepare']"
+        wait_until(lambda: value(kernel, names) == [], 30, what="the preparing thread to end")
+        seen = marked_json(run(kernel, PREPARED))
+        assert seen == {"lexer": True, "modules_indexed": True, "sources": [True, True]}, seen
+        # The first Interrupt, with all that prepared, ends the cell as before.
+        run(
+            kernel,
+            """
+            tf.compat.v1.disable_eager_execution()
+            q = tf.compat.v1.FIFOQueue(10, tf.float32, name="input")
+            deq = q.dequeue()
+            sess = tf.compat.v1.Session()
+            """,
+        )
+        cell, _rows = submit_blocked(kernel, tmp_path, "sess.run(deq)")
+        kernel.interrupt()
+        result = collect_interrupted(kernel, cell)
+        assert result.errors and result.errors[0]["ename"] == "KeyboardInterrupt", result.errors
+        frames = "".join(result.errors[0]["traceback"])
+        assert "tensorflow/python" not in frames and "_tf_runs.py" in frames, frames
+    finally:
+        kernel.close()
+
+
 # ------------------------------------------------------------------------------------------------- S2
 def test_s2_closing_a_with_session_stops_its_runners_quietly(tf_kernel: Kernel) -> None:
     fresh_graph(tf_kernel)

@@ -29,7 +29,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from types import FrameType
+from types import FrameType, ModuleType
 from typing import Any
 
 from .._internals import current_frames
@@ -208,9 +208,10 @@ class RunTracker:
 
 def warm_traceback(frames: Iterable[FrameType]) -> int:
     """Prepare, off the main thread, what IPython's traceback formatting will need when an exception ends the
-    cell through these frames: the parsed source and tokens of each file (stack_data caches them per file) and
-    inspect's index of modules by file (its first use walks every module: tens of milliseconds with TensorFlow
-    imported). The first Interrupt then formats as fast as the later ones. Returns the files prepared.
+    cell through these frames: the parsed source, tokens and pieces of each file (stack_data caches them per
+    file) and inspect's index of modules by file (brought up to date with the modules imported since
+    :func:`prepare_tracebacks`). The first Interrupt then formats as fast as the later ones. Returns the files
+    prepared.
 
     Fallback: where stack_data (IPython's traceback library) is not there, nothing is prepared.
     """
@@ -218,6 +219,7 @@ def warm_traceback(frames: Iterable[FrameType]) -> int:
         from stack_data.core import Source
     except ImportError:
         return 0
+    warm_lexer()
     seen: set[str] = set()
     for frame in frames:
         filename = frame.f_code.co_filename
@@ -226,12 +228,79 @@ def warm_traceback(frames: Iterable[FrameType]) -> int:
         seen.add(filename)
         try:
             inspect.getmodule(frame)
-            source = Source.for_filename(filename, frame.f_globals)
-            if source.tree is not None:
-                source.asttokens()
+            _prepare_source(Source, filename, frame.f_globals)
         except Exception:  # a file that cannot be read or parsed: its frame formats as it would have
             log.debug("nbcoord: could not prepare the source of %s", filename, exc_info=True)
     return len(seen)
+
+
+def prepare_tracebacks(modules: Iterable[ModuleType], stop: threading.Event | None = None) -> int:
+    """Prepare, once per process and on a thread of its own, what the traceback of any cancelled run needs,
+    whatever the run: pygments' Python lexer, inspect's index of every module by file, and the source of the
+    modules whose frame ends that traceback (nbcoord's run wrapper, its eager queue methods). Returns the
+    modules prepared.
+
+    Why not when the run is first seen blocking (:func:`warm_traceback` still does the rest then): with
+    TensorFlow loaded this is 0.3-0.5 s of CPU (asttokens' first file alone 0.2 s, the module index 0.15 s),
+    and the monitor sees a run blocking up to a second after it starts: a press 1.5 s into the block found the
+    work unfinished, and the main thread formatting the traceback shared the interpreter with it (first presses
+    of 230-730 ms). Repeated (a second load), every step finds its cache filled and returns in about a
+    millisecond. ``stop``, once set (an unload), ends it between two steps (each at most about 0.2 s).
+    """
+    try:
+        from stack_data.core import Source
+    except ImportError:
+        return 0
+    warm_lexer()
+    if stop is not None and stop.is_set():
+        return 0
+    try:
+        # A miss in inspect's index (a file no module has, as a cell's) indexes every module not yet indexed:
+        # the first traceback through a cell would do it on the main thread.
+        inspect.getmodule(compile("", "<nbcoord: index the modules>", "exec"))
+    except Exception:
+        log.debug("nbcoord: could not index the modules for tracebacks", exc_info=True)
+    done = 0
+    for module in modules:
+        filename = getattr(module, "__file__", None)
+        if stop is not None and stop.is_set():
+            break
+        if not filename:
+            continue
+        try:
+            _prepare_source(Source, filename, vars(module))
+        except Exception:
+            log.debug("nbcoord: could not prepare the source of %s", filename, exc_info=True)
+            continue
+        done += 1
+    return done
+
+
+def _prepare_source(source_type: Any, filename: str, module_globals: dict[str, Any]) -> None:
+    """Parse a file and compute, in stack_data's cache, what formatting a frame of it reads."""
+    source = source_type.for_filename(filename, module_globals)
+    if source.tree is not None:
+        source.asttokens()
+        _ = source.pieces  # a cached property: computing it now is the point
+
+
+def warm_lexer() -> bool:
+    """Load and compile pygments' Python lexer; True if it is ready.
+
+    The frame of nbcoord's wrapper is the last of a cancelled run's traceback; unlike the cell's (whose file
+    IPython does not read), it is highlighted by stack_data, with a fresh subclass of this lexer per frame. The
+    first one imports the lexer's module and compiles its hundred-odd regular expressions: about 40 ms with
+    TensorFlow loaded, on the main thread, between Interrupt and the cell's reply. Later subclasses find those
+    expressions in ``re``'s cache.
+    """
+    try:
+        from pygments.lexers import get_lexer_by_name  # type: ignore[import-untyped]  # no stubs installed
+
+        get_lexer_by_name("python3")  # the name stack_data asks for
+    except Exception:  # no pygments, or a lexer that fails: the traceback formats as it would have
+        log.debug("nbcoord: could not prepare the Python lexer", exc_info=True)
+        return False
+    return True
 
 
 def frames_to(thread: threading.Thread, keep: Callable[[str], bool]) -> list[FrameType]:

@@ -20,8 +20,9 @@ What it does, with the scenario it serves (S1-S10: the demo notebooks under note
   elements, no live producer)".
 - Interrupt that works (S1, S10): SIGINT while the main thread is blocked on a queue nobody is feeding (or
   draining) resets that graph queue (the session and the queue stay usable) or closes that eager queue; the
-  cell ends with ``KeyboardInterrupt`` and one sentence, at once: what that needs is prepared when the run is
-  first seen blocking, and the traceback holds only the cell's frames.
+  cell ends with ``KeyboardInterrupt`` and one sentence, at once: what that needs is prepared on a thread of its
+  own right after TensorFlow's import (what formatting the traceback needs) and when the run is first seen
+  blocking (the resets), and the traceback holds only the cell's frames and nbcoord's one.
 - Stopping (S3, S4, S6, S8, S10): a stopper requests stop on every coordinator in scope, then closes the queues
   of the runners in scope with ``cancel_pending_enqueues=True``, the queues their enqueue ops read from, and the
   eager queues that threads in scope use.
@@ -54,6 +55,7 @@ from .._fork import on_fork_child
 from .._imports import when_imported
 from .._internals import calling_frame
 from .._registry import Owner
+from . import _tf_eager, _tf_runs
 from ._tf_blocked import BLOCKED_AFTER_S, BlockedRuns
 from ._tf_eager import DEQUEUE_METHODS, ENQUEUE_METHODS, EagerQueues, as_stopped
 from ._tf_explain import Explainer, called_from, fetched_names, run_names
@@ -71,13 +73,16 @@ from ._tf_internals import (
 )
 from ._tf_objects import CloseRecord, QueueInfo, RunnerInfo, TFObjects, mark_closed, session_is_open
 from ._tf_patches import ClassPatches
-from ._tf_runs import INTERNAL_PREFIX, InterruptWatcher, RunState, RunTracker
+from ._tf_runs import INTERNAL_PREFIX, InterruptWatcher, RunState, RunTracker, prepare_tracebacks
 from ._tf_stopping import RunnerStopping
 
 log = logging.getLogger("nbcoord")
 
 #: This package's folder: frames of its files are nbcoord's wrappers.
 _HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+#: The thread that prepares, at install, what the traceback of a cancelled run needs.
+PREPARE_THREAD = f"{INTERNAL_PREFIX}tf-prepare"
 
 #: The integration of the loaded extension (one per process), for tests, the bench and debugging.
 _current: TensorFlowIntegration | None = None
@@ -201,6 +206,23 @@ class TensorFlowIntegration:
         if self.watcher.install():
             self._undo.append(self.watcher.uninstall)
             self._undo.append(on_fork_child(self.watcher.forget_in_child))
+            self._start_preparing()
+
+    def _start_preparing(self) -> None:
+        """Prepare, off the user's time and once, what the first Interrupt's traceback needs (see
+        :func:`prepare_tracebacks`): on a thread that only fills caches and ends by itself; an unload meanwhile
+        stops it between two steps and joins it, so that no thread of nbcoord's outlives the unload."""
+        stop = threading.Event()
+        thread = threading.Thread(
+            target=prepare_tracebacks, args=([_tf_runs, _tf_eager], stop), name=PREPARE_THREAD, daemon=True
+        )
+        thread.start()
+
+        def undo() -> None:
+            stop.set()
+            thread.join(timeout=2.0)
+
+        self._undo.append(undo)
 
     def _forget_in_child(self) -> None:
         """In a forked child: every patch passes straight through (no lock taken, nothing stopped)."""
