@@ -222,24 +222,26 @@ def _as_bytes(part: object) -> bytes:
     raise TypeError(type(part).__name__)
 
 
-def _peek_shell(route: FastRoute, session: Any, frames: list[Any]) -> bool:
-    """Find an accepted command in one raw shell message, leaving it untouched; True when the worker took it."""
+def _peek_shell(route: FastRoute, session: Any, frames: list[Any]) -> bytes | None:
+    """Find an accepted command in one raw shell message, leaving it untouched; when the worker took it, return
+    the message's signature (empty where the session signs nothing)."""
     start = next(i for i, frame in enumerate(frames) if _as_bytes(frame) == _DELIM) + 1
     if len(frames) < start + 5:
-        return False
+        return None
     header = _as_bytes(frames[start + 1])
     if b"comm_msg" not in header:
-        return False  # almost every message stops here, after copying a small header
+        return None  # almost every message stops here, after copying a small header
     content = _as_bytes(frames[start + 4])
     if not route._might_match(content):
-        return False
+        return None
+    signature = _as_bytes(frames[start])
     signed = [header, _as_bytes(frames[start + 2]), _as_bytes(frames[start + 3]), content]
-    if not _authentic(session, _as_bytes(frames[start]), signed):
-        return False
+    if not _authentic(session, signature, signed):
+        return None
     parsed = session.unpack(header)
     if not isinstance(parsed, Mapping) or parsed.get("msg_type") != "comm_msg":
-        return False
-    return route._offer(session.unpack(content), private=True)
+        return None
+    return signature if route._offer(session.unpack(content), private=True) else None
 
 
 def _authentic(session: Any, signature: bytes, signed: list[bytes]) -> bool:
@@ -271,18 +273,23 @@ def _install_shell_channel(kernel: object, route: FastRoute) -> str | None:
         hasattr(session, name) for name in ("auth", "digest_history")
     ):
         return "the kernel session cannot check signatures"
+    digests: set[bytes] = session.digest_history  # type: ignore[union-attr]  # (checked just above)
 
     def on_shell_message(frames: list[Any]) -> Any:
         if route._active:
             try:
-                taken = _peek_shell(route, session, frames)
+                signature = _peek_shell(route, session, frames)
             except Exception:
                 logger.debug("nbcoord fast route: unreadable shell message", exc_info=True)
-                taken = False
-            if taken and route._flooded():
+                signature = None
+            if signature is not None and route._flooded():
                 # In a flood, the ordinary copy of a command this route has taken would only be dropped as a
                 # duplicate, after costing the main thread the kernel's own handling of a message (about 0.7 ms):
-                # it is answered here instead. Below the rate, every message goes on as it came.
+                # it is answered here instead. Below the rate, every message goes on as it came. Its signature
+                # is recorded as the kernel's own reading would have (the kernel trims the set), so that a
+                # replay of it is refused by both routes.
+                if signature:
+                    digests.add(signature)
                 return None
         return original(frames)
 

@@ -54,7 +54,8 @@ NOTABLE_BYTES = 16 * 2**20
 SHOWN_BYTES = 2**20
 #: Once judged, a cell's host growth changes between held and given back only when what remains of it moved this
 #: far past the half-way mark (or a tenth of the growth, if more): the process's RSS moves by a few MiB on its own,
-#: and a row should not flicker between "still held" and "given back" with it.
+#: and a row should not flicker between "still held" and "given back" with it. (GPU memory, allocated in large
+#: blocks by the frameworks' allocators, does not drift that way: its verdict has no margin.)
 HELD_MARGIN_BYTES = 2 * 2**20
 
 try:
@@ -325,10 +326,8 @@ class MemoryLedger:
                     row = _row(record, rss_now, gpu_now, held)
                     record.row_cache = (key, row.copy())
                 rows.append(row)
-            if self._running is not None:
-                running = self._running
-                held = growth_held(running.rss_before, running.rss_after, rss_now)
-                rows.append(_row(running, rss_now, gpu_now, held))
+            if self._running is not None:  # (held: said of finished cells only)
+                rows.append(_row(self._running, rss_now, gpu_now, False))
         return rows
 
 

@@ -134,8 +134,9 @@ class Snapshot(TypedDict):
 
 class SharedRow(dict):  # type: ignore[type-arg]
     """A snapshot row that later snapshots share while nothing in it changes (1000 threads: no copy of each row
-    on every snapshot). Read-only, so that editing one snapshot cannot change the next: ``dict(row)`` is an
-    editable copy, and so are ``row.copy()``, ``copy.copy(row)`` and a pickled and loaded row."""
+    on every snapshot). Read-only at its top level, so that editing one snapshot cannot change the next:
+    ``dict(row)`` is an editable copy, and so are ``row.copy()``, ``copy.copy(row)`` and a pickled and loaded row
+    (the lists in it are shared too: ``copy.deepcopy(row)`` to edit those)."""
 
     __slots__ = ()
 
@@ -288,9 +289,13 @@ class SnapshotBuilder:
         cached = record.row_cache
         if cached is not None and cached["state"] == state and cached["alive"] == alive and not stacks:
             return cached  # type: ignore[return-value]
-        # Marked before reading: a write from now on replaces the mark (under the registry's lock), and then the
-        # row made below, which may have missed it, is not kept.
-        building = record.row_cache = {"state": None}
+        # A row to keep is marked before the fields are read: a write from now on drops the mark (under the
+        # registry's lock), and then the row made below, which may have missed it, is not kept. Rows never kept
+        # (with stacks, owners or a stop request) leave the kept one alone.
+        keep = not stacks and not record.owners and record.stop_requested_at is None
+        building: dict[str, Any] = {"state": None}
+        if keep:
+            record.row_cache = building
         cell = record.cell
         failure = record.last_exception
         owners = record.owners
@@ -326,7 +331,7 @@ class SnapshotBuilder:
             "last_exception": f"{failure.exc_type}: {failure.message}" if failure is not None else None,
         }
         shared = SharedRow(row)
-        if not stacks and not owners and record.stop_requested_at is None:
+        if keep:
             self._registry.keep_row(record, building, shared)
         return shared  # type: ignore[return-value]
 

@@ -227,6 +227,32 @@ def test_shell_route_ignores_a_replayed_message(channel_thread: ChannelThread, r
     route.uninstall()
 
 
+def test_a_message_answered_in_a_flood_cannot_be_replayed(channel_thread: ChannelThread, recorder: Recorder) -> None:
+    """In a flood the route answers the clicks it took, and the kernel never reads them: their signatures are
+    recorded as the kernel's reading would, so that a replay is refused by the kernel and by the route."""
+    kernel = FakeShellKernel(channel_thread)
+    route = _fastcomm.install(kernel, recorder)
+    route.add_comm("mine")
+    sent = [kernel.frames(stop_content("mine", f"c{i}")) for i in range(_fastcomm.FLOOD_PER_S + 10)]
+    for frames in sent:
+        kernel.deliver(frames)
+    wait_until(lambda: len(recorder.calls) == len(sent), 10, what="the route to take every click")
+    passed_on = {f[2].bytes for f in kernel.received}  # [identity, delimiter, signature, ...]
+    swallowed = [f for f in sent if f[2].bytes not in passed_on]
+    assert swallowed, "no click was answered by the route alone: not a flood"
+    replay = swallowed[-1]
+    _, parts = kernel.session.feed_identities(replay, copy=False)
+    with pytest.raises(ValueError, match="Duplicate Signature"):
+        kernel.session.deserialize(parts, content=True, copy=False)
+    calls = len(recorder.calls)
+    kernel.deliver(replay)
+    kernel.deliver(kernel.frames(stop_content("mine", "after")))
+    wait_until(lambda: recorder.calls[-1][1]["click_id"] == "after", 10, what="the next click")
+    taken = [c[1]["click_id"] for c in recorder.calls[calls:]]
+    assert taken == ["after"], taken
+    route.uninstall()
+
+
 def test_shell_route_rewrapped_later_stays_inert(channel_thread: ChannelThread, recorder: Recorder) -> None:
     kernel = FakeShellKernel(channel_thread)
     route = _fastcomm.install(kernel, recorder)
