@@ -108,6 +108,9 @@ def unload_ipython_extension(ipython: Any) -> None:
 def snapshot(*, stacks: bool = False) -> Snapshot:
     """One typed, JSON-serialisable picture of the kernel: threads, cells, zombies, queues, memory.
 
+    A thread's or a cell's row is shared with later snapshots while nothing in it changes, and read-only (editing
+    it raises ``TypeError``): ``copy.deepcopy(row)`` is an editable copy (``dict(row)`` for its top level).
+
     Parameters
     ----------
     stacks

@@ -107,6 +107,7 @@ def test_a_rows_verdict_holds_while_rss_hovers_at_the_half_way_mark(monkeypatch:
         for now in (11, 9, 11, 9, 10, 7, 9, 11, 13, 11):  # MiB of the growth left
             rss[0] = GiB + now * MiB
             (only,) = ledger.rows()
+            assert only["rss_now"] == rss[0], "a kept row showed an old RSS"
             verdicts.append((only["held"], only["summary"].endswith("still held")))
         held = [True] * 5 + [False] * 3 + [True] * 2
         assert verdicts == [(h, h) for h in held]

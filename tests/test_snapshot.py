@@ -15,7 +15,7 @@ import pytest
 from helpers import wait_until
 
 from nbcoord import _snapshot
-from nbcoord._registry import Registry
+from nbcoord._registry import Owner, Registry
 from nbcoord._snapshot import SharedRow, SnapshotBuilder
 from nbcoord._threads import ThreadHooks
 
@@ -74,6 +74,8 @@ def test_an_unchanged_row_is_shared_and_read_only(registry: Registry, release: t
         assert type(editable) is dict and editable == first
         editable["name"] = "mine"
     assert json.loads(json.dumps(builder.build()))["threads"][0]["name"] == "idle"
+    builder.build(stacks=True)  # rows with stacks are made anew, and leave the kept ones kept
+    assert rows(builder)["idle"] is first
     cells = builder.build()["cells"]
     assert cells[0] is builder.build()["cells"][0] and isinstance(cells[0], SharedRow)
 
@@ -83,16 +85,25 @@ def test_every_change_the_registry_makes_shows_in_the_next_snapshot(
 ) -> None:
     registry.cell_started(1, None, "start()")
     thread = start("before", release)
+    record = registry.for_thread(thread)
+    assert record is not None and record.native_id is not None
+    registry.sample_activity()  # its first activity reading: later ones see no change (it waits)
     builder = SnapshotBuilder(registry, lambda: 1.0)
     running = rows(builder)["before"]
+    registry.sample_activity()
+    assert rows(builder)["before"] is running, "nothing changed, yet the row was made anew"
     registry.cell_finished(1, "error", "ValueError")  # the thread's cell failed: a zombie reason
     after_cell = rows(builder)["before"]
     assert after_cell is not running and after_cell["zombie"] == "cell-error"
     thread.name = "after"
     registry.sample_activity()  # the monitor's refresh of names
     assert "after" in rows(builder) and "before" not in rows(builder)
-    record = registry.for_thread(thread)
-    assert record is not None
+    registry.note_cpu({record.native_id: 2.5})
+    assert rows(builder)["after"]["cpu_s"] == 2.5
+    registry.thread_failed(thread, ValueError("in the thread"))
+    assert rows(builder)["after"]["last_exception"] == "ValueError: in the thread"
+    registry.add_owner(thread, Owner(kind="executor", label="pool P"))
+    assert [o["label"] for o in rows(builder)["after"]["owners"]] == ["pool P"]
     registry.request_stop([record])
     stopping = rows(builder)["after"]
     assert stopping["state"] == "stopping" and stopping["stop_requested_at"] is not None
