@@ -81,8 +81,9 @@ log = logging.getLogger("nbcoord")
 #: This package's folder: frames of its files are nbcoord's wrappers.
 _HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
-#: The thread that prepares, at install, what the traceback of a cancelled run needs.
+#: The thread that prepares, at install, what the traceback of a cancelled run needs, and how long it waits first.
 PREPARE_THREAD = f"{INTERNAL_PREFIX}tf-prepare"
+PREPARE_AFTER_S = 0.5
 
 #: The integration of the loaded extension (one per process), for tests, the bench and debugging.
 _current: TensorFlowIntegration | None = None
@@ -211,11 +212,19 @@ class TensorFlowIntegration:
     def _start_preparing(self) -> None:
         """Prepare, off the user's time and once, what the first Interrupt's traceback needs (see
         :func:`prepare_tracebacks`): on a thread that only fills caches and ends by itself; an unload meanwhile
-        stops it between two steps and joins it, so that no thread of nbcoord's outlives the unload."""
+        stops it between two steps and joins it, so that no thread of nbcoord's outlives the unload, and a
+        shutdown stops it between two steps (a process that exits right after importing TensorFlow would
+        otherwise share the interpreter with it while it exits)."""
         stop = threading.Event()
-        thread = threading.Thread(
-            target=prepare_tracebacks, args=([_tf_runs, _tf_eager], stop), name=PREPARE_THREAD, daemon=True
-        )
+
+        def prepare() -> None:
+            # After a pause: the cell that imported TensorFlow usually goes on in Python (building a model), and
+            # a script may exit at once; either would share the interpreter with this work.
+            if not stop.wait(PREPARE_AFTER_S):
+                prepare_tracebacks([_tf_runs, _tf_eager], stop)
+
+        thread = threading.Thread(target=prepare, name=PREPARE_THREAD, daemon=True)
+        self._undo.append(self.extension.add_own_stopper(stop.set))
         thread.start()
 
         def undo() -> None:
