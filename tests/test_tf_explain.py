@@ -113,6 +113,50 @@ def test_a_queue_closed_by_nbcoords_stop_and_by_a_close_op(kernel: Kernel) -> No
     run(kernel, "sess.close()")
 
 
+def test_a_poll_that_read_the_queue_before_the_stop_closed_it_keeps_who_closed_it(kernel: Kernel) -> None:
+    """The monitor reads every queue's size and closed flag, then stores them: a read made before the stop's
+    close, stored after it, must not wipe out who closed the queue (it did, in about 2 full runs in 3)."""
+    run(
+        kernel,
+        """
+        raced = tf.compat.v1.FIFOQueue(5, tf.float32, name="raced")
+        qr = tf.compat.v1.train.QueueRunner(raced, [raced.enqueue(1.0)])
+        sess = tf.compat.v1.Session()
+        threads = qr.create_threads(sess, start=True)
+        objects = nbcoord.integrations.tensorflow.current().objects
+        sinfo = objects.session_info(sess)
+        assert objects.poll(sinfo)  # builds the session's poller
+        poller = sinfo.poller
+        real_fetch, real_update = poller.fetch, objects._update
+        read, release, stored = threading.Event(), threading.Event(), threading.Event()
+        fetcher = []
+        def held_fetch():
+            values = real_fetch()  # the queue is open now
+            fetcher.append(threading.current_thread())
+            poller.fetch = real_fetch
+            read.set()
+            release.wait(10)  # stored only after the stop closed it
+            return values
+        def noting_update(*args, **kwargs):
+            real_update(*args, **kwargs)
+            if fetcher and threading.current_thread() is fetcher[0] and release.is_set():
+                objects._update = real_update
+                stored.set()
+        objects._update = noting_update
+        poller.fetch = held_fetch
+        assert read.wait(10), "the monitor polls"
+        """,
+    )
+    stop_cell = next_cell(kernel)
+    run(kernel, "nbcoord.stop_all(grace=2.0)\nrelease.set()\nassert stored.wait(10), 'the stale read is stored'")
+    result = run(kernel, "for _ in range(6):\n    sess.run(raced.dequeue())", allow_error=True)
+    sentence = note(result)
+    assert f"queue `raced` was closed just now by nbcoord's stop (the stop of all, run in cell [{stop_cell}])" in (
+        sentence
+    ), sentence
+    run(kernel, "sess.close()")
+
+
 def test_a_dequeue_that_times_out_names_the_fill_level_and_the_missing_runner(kernel: Kernel) -> None:
     run(
         kernel,

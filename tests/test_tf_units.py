@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -20,6 +21,7 @@ import pytest
 from helpers import wait_until
 
 from nbcoord import _imports
+from nbcoord.integrations._tf_objects import CloseRecord, QueueState
 from nbcoord.integrations._tf_patches import ClassPatches
 from nbcoord.integrations._tf_runs import InterruptWatcher, RunTracker
 
@@ -245,3 +247,24 @@ def test_a_note_is_added_once_and_python_3_10_gets_the_notes_list() -> None:
     old = NoAddNote("x")
     add_note(old, "said anyway.")
     assert old.__notes__ == ["nbcoord: said anyway."]
+
+
+def test_a_poll_read_before_a_close_ran_keeps_who_closed_the_queue() -> None:
+    """A poll reads a queue's closed flag, then stores it: a reading older than the close nbcoord knows of (or
+    made while that close ran) leaves who closed it alone; one made after it is believed (a reset reopens)."""
+    state = QueueState()
+    stop = CloseRecord("nbcoord-stop", "nbcoord", 4, 0.0, "the stop of all")
+    read_before = time.monotonic()
+    assert state.note_close(stop, in_flight=True)
+    read_while = time.monotonic()
+    state.observe_closed(False, read_before)
+    state.observe_closed(False, read_while)
+    assert state.closed_by is stop and state.closed is None
+    assert not state.note_close(CloseRecord("runner-end", "QueueRunnerThread", 2, 0.0), in_flight=False)
+    state.settle_close(stop)
+    state.observe_closed(False, read_while)
+    assert state.closed_by is stop, "still a reading from before the close ran"
+    state.observe_closed(True, time.monotonic())
+    assert state.closed is True and state.closed_seen_at is not None and state.closed_by is stop
+    state.observe_closed(False, time.monotonic())
+    assert state.closed is False and state.closed_by is None, "reset: open again, nobody closed it"

@@ -140,8 +140,11 @@ class EagerQueues:
                 if info is None or info.mode != "eager":
                     return original(queue, *args, **kwargs)
                 if moves == 0:
-                    eager.note_close(info, threading.current_thread())
-                    return original(queue, *args, **kwargs)
+                    record = eager.note_close(info, threading.current_thread())
+                    try:
+                        return original(queue, *args, **kwargs)
+                    finally:
+                        eager.settle_close(info, record)
                 count = eager._count(method, args, kwargs)
                 call = eager._call()
                 since = time.monotonic()
@@ -202,13 +205,17 @@ class EagerQueues:
 
         self.registry.add_owner(thread, Owner("queue", f"queue `{info.name}`", weakref.ref(queue), closed))
 
-    def note_close(self, info: QueueInfo, thread: threading.Thread, record: CloseRecord | None = None) -> None:
-        """Remember who closed an eager queue (for the sentence of the errors that follow)."""
+    def note_close(self, info: QueueInfo, thread: threading.Thread, record: CloseRecord | None = None) -> CloseRecord:
+        """Remember who closes an eager queue (for the sentence of the errors that follow), before the close
+        runs; ``settle_close`` once it has."""
         record = record or CloseRecord("eager-close", thread.name, self._current_cell(), time.time())
         with self.objects.lock:
-            state = info.state(EAGER)
-            if state.closed_by is None:
-                state.closed_by = record
+            info.state(EAGER).note_close(record, in_flight=True)
+        return record
+
+    def settle_close(self, info: QueueInfo, record: CloseRecord) -> None:
+        with self.objects.lock:
+            info.state(EAGER).settle_close(record)
 
     def _failed(self, call: EagerCall, info: QueueInfo, since: float, exc: BaseException) -> BaseException:
         """What a failed queue call raises: KeyboardInterrupt after nbcoord's Interrupt, a stopped-thread error
@@ -372,6 +379,8 @@ class EagerQueues:
         except Exception:
             log.warning("nbcoord: could not close eager queue %s", info.name, exc_info=True)
             return False
+        finally:
+            self.settle_close(info, record)
         return True
 
     # --------------------------------------------------------------------------------------------- stops

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import math
 import threading
 import time
 import weakref
@@ -105,6 +106,9 @@ class QueueState:
     closed_by: CloseRecord | None = None
     #: When a poll first saw it closed (time.time()).
     closed_seen_at: float | None = None
+    #: ``time.monotonic()`` from which a poll that reads the queue open clears ``closed_by``: a poll reads first
+    #: and stores later, so one that began before the close ran may have read it open (inf while it runs).
+    closed_by_settled_at: float = 0.0
 
     def rates(self) -> tuple[float | None, float | None]:
         """Enqueue and dequeue rates (elements/s) over the window; None when the enqueues are not countable."""
@@ -117,12 +121,31 @@ class QueueState:
         enqueue_rate = (enq1 - enq0) / dt
         return enqueue_rate, max(0.0, enqueue_rate - (size1 - size0) / dt)
 
-    def note_closed(self, closed: bool) -> None:
+    def observe_closed(self, closed: bool, read_at: float) -> None:
+        """Store a poll's reading of the closed flag, made at ``read_at`` (``time.monotonic()``): a reading
+        older than the close nbcoord knows of is ignored."""
+        if not closed and self.closed_by is not None and read_at < self.closed_by_settled_at:
+            return
+        self.closed = closed
         if closed and self.closed_seen_at is None:
             self.closed_seen_at = time.time()
         elif not closed:
             self.closed_seen_at = None
             self.closed_by = None
+
+    def note_close(self, record: CloseRecord, *, in_flight: bool) -> bool:
+        """Remember who closes the queue, unless something closed it before; ``in_flight``: the close has not
+        run yet (call ``settle_close`` once it has). Call with the objects' lock held."""
+        if self.closed_by is not None:
+            return False
+        self.closed_by = record
+        self.closed_by_settled_at = math.inf if in_flight else time.monotonic()
+        return True
+
+    def settle_close(self, record: CloseRecord) -> None:
+        """The close recorded in flight has run: polls that begin from now on read it."""
+        if self.closed_by is record:
+            self.closed_by_settled_at = time.monotonic()
 
 
 @dataclass(eq=False)
@@ -516,13 +539,14 @@ class TFObjects:
             poller = self._poller(info, session)
             if poller is None or poller.fetch is None:
                 return False
+            read_at = time.monotonic()
             values = poller.fetch()
         except Exception:
             log.debug("nbcoord: polling the queues of session %s failed", info.sid, exc_info=True)
             return False
         finally:
             info.lock.release()
-        self._update(info, session, poller.queues, values, record=record)
+        self._update(info, session, poller.queues, values, read_at, record=record)
         return True
 
     def poll_eager(self, *, record: bool = False, only: QueueInfo | None = None) -> None:
@@ -530,11 +554,12 @@ class TFObjects:
         queues = [only] if only is not None else [q for q in self.queues() if q.mode == "eager"]
         if not queues or not self.executing_eagerly():
             return
-        now_wall, now = time.time(), time.monotonic()
+        now_wall = time.time()
         for info in queues:
             queue = info.ref()
             if queue is None:
                 continue
+            read_at = time.monotonic()
             try:
                 size, closed = int(queue.size()), bool(queue.is_closed())
             except Exception:
@@ -542,13 +567,13 @@ class TFObjects:
                 continue
             with self.lock:
                 state = info.state(EAGER)
-                state.size, state.closed = size, closed
-                state.note_closed(closed)
+                state.size = size
+                state.observe_closed(closed, read_at)
                 if record:
                     counts = self.eager_counts.get(info.qid, [0, 0])
                     state.history.append((round(now_wall, 2), size))
                     state.enqueued = counts[0]
-                    state.window.append((now, size, state.enqueued))
+                    state.window.append((read_at, size, state.enqueued))
 
     def _poller(self, info: SessionInfo, session: Any) -> Poller | None:
         """The session's prepared callable, rebuilt only when the queues of its graph changed."""
@@ -575,9 +600,10 @@ class TFObjects:
         info.poller = Poller(version, queues, fetch)
         return info.poller
 
-    def _update(self, info: SessionInfo, session: Any, queues: list[QueueInfo], values: Any, *, record: bool) -> None:
+    def _update(
+        self, info: SessionInfo, session: Any, queues: list[QueueInfo], values: Any, read_at: float, *, record: bool
+    ) -> None:
         now_wall = time.time()
-        now = time.monotonic()
         producers: dict[int, list[RunnerInfo]] = {}
         for runner in self.runners():
             if runner.role == "enqueue" and runner.queue is not None and runner.session_ref() is session:
@@ -586,12 +612,11 @@ class TFObjects:
             for index, queue in enumerate(queues):
                 state = queue.state(info.sid)
                 state.size = int(values[2 * index])
-                state.closed = bool(values[2 * index + 1])
-                state.note_closed(state.closed)
+                state.observe_closed(bool(values[2 * index + 1]), read_at)
                 if record:
                     state.history.append((round(now_wall, 2), state.size))
                     self._count_enqueues(state, producers.get(id(queue), []))
-                    state.window.append((now, state.size, state.enqueued))
+                    state.window.append((read_at, state.size, state.enqueued))
 
     def _count_enqueues(self, state: QueueState, producers: list[RunnerInfo]) -> None:
         """Add the runs that producer threads completed since the last poll (times elements per run)."""

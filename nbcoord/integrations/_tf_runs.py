@@ -20,6 +20,7 @@ back into the KeyboardInterrupt it was.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import os
@@ -27,7 +28,7 @@ import signal
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from types import FrameType, ModuleType
 from typing import Any
@@ -112,6 +113,17 @@ class RunTracker:
         #: ids of the Operations whose successful run the wrapper reports (queue close ops); read without a lock.
         self.watched_ops: frozenset[int] = frozenset()
 
+    @contextlib.contextmanager
+    def own_runs(self) -> Iterator[None]:
+        """Runs made on this thread meanwhile are nbcoord's (a stop's closes, on the thread that asked for the
+        stop): not reported as a user's close ops, nor explained."""
+        before = getattr(self._local, "own", False)
+        self._local.own = True
+        try:
+            yield
+        finally:
+            self._local.own = before
+
     def _new_state(self) -> RunState:
         state = RunState(threading.current_thread())
         self._local.state = state
@@ -169,12 +181,17 @@ class RunTracker:
                     raise exc.with_traceback(None) from None
                 raise
             except Exception as exc:
-                tracker.on_run_error(self, fetches, exc)
+                if not getattr(tracker._local, "own", False):
+                    tracker.on_run_error(self, fetches, exc)
                 raise
             watched = tracker.watched_ops
-            if watched and (
-                id(fetches) in watched
-                or (type(fetches) in (list, tuple) and any(id(fetch) in watched for fetch in fetches))
+            if (
+                watched
+                and (
+                    id(fetches) in watched
+                    or (type(fetches) in (list, tuple) and any(id(fetch) in watched for fetch in fetches))
+                )
+                and not getattr(tracker._local, "own", False)
             ):
                 tracker.on_run_done(self, fetches)
             return result

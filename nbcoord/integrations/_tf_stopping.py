@@ -36,7 +36,7 @@ from ._tf_internals import (
     restore_closed_exception_types,
     thread_call,
 )
-from ._tf_objects import CloseRecord, QueueInfo, RunnerInfo, TFObjects, session_is_open
+from ._tf_objects import CloseRecord, QueueInfo, QueueState, RunnerInfo, TFObjects, session_is_open
 from ._tf_runs import RunTracker
 
 log = logging.getLogger("nbcoord")
@@ -209,29 +209,41 @@ class RunnerStopping:
         if own is not None:
             self._closed_types[runner] = own
 
-    def _record(self, session: Any, queues: Iterable[QueueInfo], record: CloseRecord) -> None:
-        """Remember that nbcoord's stop closed these queues (unless something closed them before)."""
+    def _record(self, session: Any, queues: Iterable[QueueInfo], record: CloseRecord) -> list[QueueState]:
+        """Remember that nbcoord's stop closes these queues (unless something closed them before); before the
+        close runs, so that a runner it wakes cannot claim the close. Returns the states to settle after it."""
         info = self.objects.session_info(session)
         if info is None:
-            return
+            return []
         with self.objects.lock:
-            for queue in queues:
-                state = queue.state(info.sid)
-                if not state.closed and state.closed_by is None:
-                    state.closed_by = record
+            states = [queue.state(info.sid) for queue in queues]
+            return [state for state in states if not state.closed and state.note_close(record, in_flight=True)]
+
+    def _settle(self, states: list[QueueState], record: CloseRecord) -> None:
+        with self.objects.lock:
+            for state in states:
+                state.settle_close(record)
 
     def _run_closes(self, closes: _Closes, deadline: float, record: CloseRecord) -> None:
+        recorded: list[QueueState] = []
+        try:
+            with self.tracker.own_runs():  # nbcoord's closes, not a user's close ops run on this thread
+                self._close_all(closes, deadline, record, recorded)
+        finally:
+            self._settle(recorded, record)
+
+    def _close_all(self, closes: _Closes, deadline: float, record: CloseRecord, recorded: list[QueueState]) -> None:
         for prepared in self._combine(closes.prepared):
             session = prepared.session_ref()
             if session is None or not session_is_open(session):
                 continue
-            self._record(session, prepared.queues, record)
+            recorded += self._record(session, prepared.queues, record)
             try:
                 prepared.fn()
             except Exception:
                 log.debug("nbcoord: a prepared close failed (a queue may be closed already)", exc_info=True)
         for session, queues in closes.queues.values():
-            self._record(session, queues, record)
+            recorded += self._record(session, queues, record)
         run_options = self._tf["RunOptions"]
         for session, ops in closes.by_session.values():
             unique = list({id(op): op for op in ops}.values())

@@ -626,8 +626,7 @@ class TensorFlowIntegration:
                 if entry is None or entry[0]() is not op:
                     continue
                 state = entry[1].state(sinfo.sid)
-                if state.closed_by is None:
-                    state.closed_by = record
+                state.note_close(record, in_flight=False)
                 state.closed = True
 
     def _close_record(self, thread: threading.Thread) -> CloseRecord:
