@@ -28,6 +28,7 @@ import json
 import os
 import re
 import time
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -132,6 +133,26 @@ CONTRAST_JS = """(root) => {
 }"""
 
 
+# Wraps the page's kernel connection's message handler (messages are handled one after another) to keep, for a
+# failed test, the last 300 messages with when their handling began and ended: one that never ends stalls all
+# that follow, replies included.
+TRACE_JS = """() => {
+  const kernel = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
+  if (kernel.nbcTraced) return;
+  kernel.nbcTraced = true;
+  const trace = (window.nbcTrace = window.nbcTrace || []);
+  const handle = kernel._handleMessage.bind(kernel);
+  kernel._handleMessage = async (msg) => {
+    const data = msg.content && msg.content.data;
+    const entry = { t: Date.now(), type: msg.header.msg_type, parent: msg.parent_header && msg.parent_header.msg_type,
+                    method: data && data.method, done: null };
+    trace.push(entry);
+    if (trace.length > 300) trace.shift();
+    try { return await handle(msg); } finally { entry.done = Date.now(); }
+  };
+}"""
+
+
 class NotebookPage:
     """One notebook open in a browser page, with its cells pinned by index."""
 
@@ -154,6 +175,16 @@ class NotebookPage:
             timeout=60_000,
         )
         self.cells.first.wait_for()
+        self.page.evaluate(TRACE_JS)
+
+    def kernel_trace(self) -> list[str]:
+        """The kernel messages the page handled last, one line each: when it began and ended (or 'never')."""
+        return list(
+            self.page.evaluate(
+                "() => (window.nbcTrace || []).map((e) => `${e.t} ${e.type} < ${e.parent} ${e.method || ''} "
+                "${e.done === null ? 'NOT DONE' : `done +${e.done - e.t} ms`}`)"
+            )
+        )
 
     def run(self, index: int) -> None:
         """Run one cell in place (no new cell is created, the index stays valid)."""
@@ -175,7 +206,17 @@ class NotebookPage:
         return int(match.group(1))
 
     def wait_done(self, index: int, timeout: float = 60) -> None:
-        wait_until(lambda: re.fullmatch(r"\[\d+\]:?", self.prompt(index)), timeout, 0.05, f"cell {index} done")
+        try:
+            wait_until(lambda: re.fullmatch(r"\[\d+\]:?", self.prompt(index)), timeout, 0.05, f"cell {index} done")
+        except AssertionError as exc:
+            model = self.page.evaluate(
+                """(index) => { const w = window.jupyterapp.shell.currentWidget; const cell = w.content.widgets[index];
+                return { count: cell.model.executionCount, state: cell.model.executionState,
+                         kernel: w.sessionContext.session.kernel.status, active: w.content.activeCellIndex }; }""",
+                index,
+            )
+            outputs = [text[:300] for text in self.cells.nth(index).locator(".jp-OutputArea-output").all_inner_texts()]
+            raise AssertionError(f"{exc}: prompt {self.prompt(index)!r}, model {model}, outputs {outputs}") from None
 
     def output(self, index: int, text: str) -> Any:
         return self.cells.nth(index).locator(".jp-OutputArea-output", has_text=text)
@@ -230,6 +271,20 @@ def open_notebook(
     to Light: the theme is a setting of the server's user, which the next test would inherit."""
     opened: list[tuple[Any, NotebookPage, list[str], list[str]]] = []
     console: list[str] = []  # everything the pages logged, written out when the test fails
+    frames: deque[str] = deque(maxlen=400)  # the last kernel messages the pages received, likewise
+
+    def note_frame(name: str, frame: Any) -> None:
+        """Keep a line per kernel message (comm traffic left out): its type, its parent's id and a few fields."""
+        text = frame.decode("utf-8", "replace") if isinstance(frame, bytes) else str(frame)
+        found = re.findall(r'"msg_type": ?"(\w+)"', text)
+        if not found or found[0].startswith("comm_"):
+            return
+        ids = sorted(set(re.findall(r'"msg_id": ?"([^"]+)"', text)))
+        detail = re.search(r'"(execution_state|status|name|ename)": ?"([^"]*)"', text)
+        frames.append(
+            f"{time.strftime('%H:%M:%S')}.{int(time.time() * 1000) % 1000:03d} {name} {' < '.join(found[:2])} "
+            f"ids={','.join(ids)} {detail.group(0) if detail else ''}"
+        )
     failed_before = request.session.testsfailed
 
     def open_(app: str, cells: list[str], kernel: str = "python3") -> NotebookPage:
@@ -252,7 +307,8 @@ def open_notebook(
             lambda msg: errors.append(msg.text) if msg.type == "error" and "nbcoord" in msg.text else None,
         )
         page.on("console", lambda msg: console.append(f"{name} {msg.type}: {msg.text}"))
-        page.on("pageerror", lambda exc: console.append(f"{name} pageerror: {exc}"))
+        page.on("websocket", lambda socket: socket.on("framereceived", lambda frame: note_frame(name, frame)))
+        page.on("pageerror", lambda exc: console.append(f"{name} pageerror: {exc}\n{getattr(exc, 'stack', '')}"))
         page.goto(jupyter_server.page_url(app, name))
         notebook = NotebookPage(page, jupyter_server, name, app)
         opened.append((context, notebook, errors, dialogs))
@@ -263,7 +319,13 @@ def open_notebook(
     failed = request.session.testsfailed > failed_before
     if failed:
         ARTIFACTS.mkdir(exist_ok=True)
-        (ARTIFACTS / f"{request.node.name}-console.log").write_text("\n".join(console))
+        traces = []
+        for _context, notebook, _errors, _dialogs in opened:
+            try:
+                traces += ["", f"{notebook.name}: the kernel messages it handled last", *notebook.kernel_trace()]
+            except Exception as exc:  # the page may be gone
+                traces.append(f"{notebook.name}: no trace ({exc})")
+        (ARTIFACTS / f"{request.node.name}-console.log").write_text("\n".join([*console, "", *frames, *traces]))
         (ARTIFACTS / f"{request.node.name}-server.log").write_bytes(jupyter_server.log.read_bytes())
     for context, notebook, errors, dialogs in opened:
         if failed:

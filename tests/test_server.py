@@ -19,7 +19,6 @@ import json
 import os
 import signal
 import subprocess
-import tempfile
 import threading
 import urllib.parse
 from collections.abc import Iterator
@@ -376,12 +375,12 @@ def test_unauthenticated_and_cross_site_requests_are_refused(fleet: Fleet) -> No
     assert status == 200, raw
 
 
-def test_a_kernel_that_dies_during_a_stop_gives_a_clear_error_and_shows_dead(fleet: Fleet) -> None:
+def test_a_kernel_that_dies_during_a_stop_gives_a_clear_error_and_shows_dead(fleet: Fleet, tmp_path: Path) -> None:
     server = fleet.server
     kernel_id = server.start("doomed.ipynb")
     kernel = server.attach(kernel_id)
     pid = server.kernel_pid(kernel)
-    marker = Path(tempfile.mkdtemp(prefix="nbcoord-doomed-")) / "asked"
+    marker = tmp_path / "asked"
     kernel.run("%load_ext nbcoord")
     kernel.run(
         "import threading, time, pathlib, nbcoord\n"

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -79,8 +78,8 @@ def kernel(request: pytest.FixtureRequest) -> Iterator[Kernel]:
         k.close()
 
 
-def test_a_summary_while_the_main_thread_loops_in_python(kernel: Kernel) -> None:
-    flag = Path(tempfile.mkdtemp(prefix="nbcoord-busy-")) / "done"
+def test_a_summary_while_the_main_thread_loops_in_python(kernel: Kernel, tmp_path: Path) -> None:
+    flag = tmp_path / "done"
     msg_id = kernel.submit(f"import os\nwhile not os.path.exists({str(flag)!r}):\n    pass")
     try:
         def running() -> dict[str, Any] | None:
