@@ -42,21 +42,21 @@ from concurrent.futures import ThreadPoolExecutor
 from types import CodeType, FrameType
 from typing import Any
 
+from ._fallbacks import Fallbacks
+
 log = logging.getLogger("nbcoord")
 
 #: What fell back, and to what: filled as accessors find an internal missing.
-_degraded: dict[str, str] = {}
+_fallbacks = Fallbacks()
 
 
 def _fall_back(name: str, fallback: str) -> None:
-    if name not in _degraded:
-        _degraded[name] = fallback
-        log.info("nbcoord: %s is not available here; %s", name, fallback)
+    _fallbacks.fall_back(name, fallback)
 
 
 def degraded() -> dict[str, str]:
     """Internals found missing so far, each with what nbcoord does instead."""
-    return dict(_degraded)
+    return _fallbacks.found()
 
 
 # --------------------------------------------------------------------------------------------- threads

@@ -18,11 +18,12 @@ from typing import Any
 import pytest
 
 from nbcoord import _internals
+from nbcoord._fallbacks import Fallbacks
 
 
 @pytest.fixture(autouse=True)
 def fresh_degraded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_internals, "_degraded", {})
+    monkeypatch.setattr(_internals, "_fallbacks", Fallbacks())
 
 
 def test_running_threads_falls_back_to_is_alive(monkeypatch: pytest.MonkeyPatch) -> None:

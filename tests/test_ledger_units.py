@@ -30,6 +30,7 @@ from IPython.testing import globalipapp
 from IPython.utils.capture import capture_output
 
 import nbcoord
+from nbcoord._fallbacks import Fallbacks
 from nbcoord.integrations import _ledger_internals as internals
 from nbcoord.integrations import ledger as ledger_module
 from nbcoord.integrations import tasks
@@ -54,7 +55,7 @@ def no_running_loop() -> Iterator[None]:
 
 @pytest.fixture(autouse=True)
 def fresh_degraded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(internals, "_degraded", {})
+    monkeypatch.setattr(internals, "_fallbacks", Fallbacks())
 
 
 # ------------------------------------------------------------------------------------------------ internals

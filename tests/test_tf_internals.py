@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from nbcoord._fallbacks import Fallbacks
 from nbcoord.integrations import _tf_internals as internals
 from nbcoord.integrations._tf_graph import run_op_names
 from nbcoord.integrations._tf_objects import mark_closed, session_is_open
@@ -34,7 +35,7 @@ def tf() -> Any:
 
 @pytest.fixture(autouse=True)
 def fresh_degraded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(internals, "_degraded", {})
+    monkeypatch.setattr(internals, "_fallbacks", Fallbacks())
     monkeypatch.setattr(internals, "_op_name_fn", None)
 
 

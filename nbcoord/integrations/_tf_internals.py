@@ -51,10 +51,12 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+from .._fallbacks import Fallbacks
+
 log = logging.getLogger("nbcoord")
 
 #: What fell back, and to what.
-_degraded: dict[str, str] = {}
+_fallbacks = Fallbacks("TensorFlow's ")
 
 #: The signature nbcoord's run hook is written for.
 RUN_FUNNEL = "_call_tf_sessionrun"
@@ -62,14 +64,12 @@ RUN_FUNNEL_ARGS = ("self", "options", "feed_dict", "fetch_list", "target_list", 
 
 
 def _fall_back(name: str, fallback: str) -> None:
-    if name not in _degraded:
-        _degraded[name] = fallback
-        log.info("nbcoord: TensorFlow's %s is not available here; %s", name, fallback)
+    _fallbacks.fall_back(name, fallback)
 
 
 def degraded() -> dict[str, str]:
     """TensorFlow internals found missing so far, each with what the integration does instead."""
-    return dict(_degraded)
+    return _fallbacks.found()
 
 
 # ------------------------------------------------------------------------------------------- classes
