@@ -157,6 +157,38 @@ def test_a_poll_that_read_the_queue_before_the_stop_closed_it_keeps_who_closed_i
     run(kernel, "sess.close()")
 
 
+def test_a_runners_close_on_stop_runs_its_cancel_op_through_the_close_prepared_for_it(kernel: Kernel) -> None:
+    """A QueueRunner's close-on-stop thread runs its cancel op when its coordinator stops: the first run of that
+    op builds an executor (most of plain TensorFlow's stop of 10 runners). nbcoord runs the same op through the
+    callable it prepared for the runner: the queue is closed and who closed it known, as before, with no
+    ordinary run made by that thread."""
+    run(
+        kernel,
+        """
+        cancelled = tf.compat.v1.FIFOQueue(2, tf.float32, name="cancelled")
+        qr = tf.compat.v1.train.QueueRunner(cancelled, [cancelled.enqueue(1.0)])
+        sess = tf.compat.v1.Session()
+        coord = tf.compat.v1.train.Coordinator()
+        threads = qr.create_threads(sess, coord=coord, start=True)
+        integration = nbcoord.integrations.tensorflow.current()
+        deadline = time.monotonic() + 20
+        while integration.stopping.prepared_run(sess, qr.cancel_op) is None and time.monotonic() < deadline:
+            time.sleep(0.02)  # the monitor prepares a few closes per tick
+        assert integration.stopping.prepared_run(sess, qr.cancel_op) is not None, "prepared by the monitor"
+        """,
+    )
+    stop_cell = next_cell(kernel)
+    run(kernel, "coord.request_stop(); coord.join(threads)")
+    closer = kernel.evaluate("[threads[-1].name, getattr(integration.tracker.state_of(threads[-1]), 'runs', 0)]")
+    assert closer == ["QueueRunnerThread-cancelled-close_on_stop", 0], "no ordinary run: the prepared one"
+    assert kernel.evaluate("bool(sess.run(cancelled.is_closed()))") is True
+    result = run(kernel, "for _ in range(3):\n    sess.run(cancelled.dequeue())", allow_error=True)
+    sentence = note(result)
+    assert "by QueueRunner `cancelled` when Coordinator c" in sentence, sentence
+    assert f"was asked to stop by the main thread in cell [{stop_cell}]" in sentence, sentence
+    run(kernel, "sess.close()")
+
+
 def test_a_dequeue_that_times_out_names_the_fill_level_and_the_missing_runner(kernel: Kernel) -> None:
     run(
         kernel,

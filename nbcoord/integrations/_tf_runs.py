@@ -99,6 +99,15 @@ def _keep(state: RunState, exc: BaseException, session: Any, fetch_list: Any, ta
     return exc
 
 
+def _ran(call: Callable[[], Any]) -> bool:
+    try:
+        call()
+    except Exception:
+        log.debug("nbcoord: a prepared close failed; the ordinary run follows", exc_info=True)
+        return False
+    return True
+
+
 class RunTracker:
     """Per-thread run states, and the hook that keeps them."""
 
@@ -110,6 +119,8 @@ class RunTracker:
         self.on_failure: FailureHandler = _keep
         self.on_run_error: RunErrorHandler = lambda _session, _fetches, _exc: None
         self.on_run_done: RunDoneHandler = lambda _session, _fetches: None
+        #: A prepared callable that runs exactly this one watched op in this session, if any (see the wrapper).
+        self.prepared_run: Callable[[Any, Any], Callable[[], Any] | None] = lambda _session, _op: None
         #: ids of the Operations whose successful run the wrapper reports (queue close ops); read without a lock.
         self.watched_ops: frozenset[int] = frozenset()
 
@@ -170,10 +181,22 @@ class RunTracker:
 
     def make_run_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
         """The replacement of the public ``BaseSession.run``: passes through; on the way out, a cancelled run's
-        KeyboardInterrupt loses TensorFlow's frames, an error gets its sentence, a close op run is reported."""
+        KeyboardInterrupt loses TensorFlow's frames, an error gets its sentence, a close op run is reported. A
+        run of one QueueRunner's cancel op alone goes through the callable prepared for it (the same op, without
+        building an executor on the stop's time)."""
         tracker = self
+        local = self._local
 
         def run(self: Any, fetches: Any, *args: Any, **kwargs: Any) -> Any:
+            watched = tracker.watched_ops
+            if watched and not args and not kwargs and id(fetches) in watched and not getattr(local, "own", False):
+                # One close op alone (a QueueRunner's cancel op, as its close-on-stop thread runs it when its
+                # coordinator stops): the same op through the executor prepared for it, if there is one. On
+                # failure the ordinary run below runs it again and raises TensorFlow's own error.
+                prepared = tracker.prepared_run(self, fetches)
+                if prepared is not None and _ran(prepared):
+                    tracker.on_run_done(self, fetches)
+                    return None  # what Session.run returns for an Operation
             try:
                 result = original(self, fetches, *args, **kwargs)
             except KeyboardInterrupt as exc:
@@ -181,17 +204,16 @@ class RunTracker:
                     raise exc.with_traceback(None) from None
                 raise
             except Exception as exc:
-                if not getattr(tracker._local, "own", False):
+                if not getattr(local, "own", False):
                     tracker.on_run_error(self, fetches, exc)
                 raise
-            watched = tracker.watched_ops
             if (
                 watched
                 and (
                     id(fetches) in watched
                     or (type(fetches) in (list, tuple) and any(id(fetch) in watched for fetch in fetches))
                 )
-                and not getattr(tracker._local, "own", False)
+                and not getattr(local, "own", False)
             ):
                 tracker.on_run_done(self, fetches)
             return result

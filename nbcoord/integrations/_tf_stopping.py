@@ -8,7 +8,9 @@ too), and closes with ``cancel_pending_enqueues=True`` the queue of every runner
 enqueue ops read from (a chained pipeline would otherwise leave its downstream runner blocked).
 
 The closes run through callables prepared by the monitor tick: the first run of a new set of ops builds a
-TensorFlow executor (tens of milliseconds on two cores), which a prepared callable has already done.
+TensorFlow executor (tens of milliseconds on two cores), which a prepared callable has already done. A runner's
+own ``session.run`` of its cancel op (its close-on-stop thread, once its coordinator stops) uses the same callable
+where that runs exactly the cancel op: plain TensorFlow's stop of 10 runners spends most of its time building those.
 
 Eager queues that threads in scope use are closed the same way (see :mod:`._tf_eager`). Every close nbcoord makes
 is remembered with the queue (who closed it, when, from which stop), for the sentence of the errors that follow.
@@ -100,6 +102,10 @@ class RunnerStopping:
         self._prepared_all: dict[int, _PreparedAll] = {}
         #: Keys whose close could not be prepared (they are closed with a plain run instead).
         self._failed: set[tuple[int, int]] = set()
+        #: By (id(cancel op), id(session)): a runner's prepared close that runs exactly its cancel op (its enqueue
+        #: ops read no other queue). It also serves a plain ``session.run`` of that op, such as the run of the
+        #: runner's close-on-stop thread when its coordinator stops: no executor to build then, on the stop's time.
+        self._exact: dict[tuple[int, int], _PreparedClose] = {}
         #: Closes the eager queues of threads in a stop (the eager part), set at install: (threads, scope, cell).
         self.close_eager: Callable[[list[threading.Thread], str, int | None], list[str]] = lambda _t, _s, _c: []
         #: The cell running now (for the record of a stop's closes).
@@ -110,6 +116,7 @@ class RunnerStopping:
         self._prepared.clear()
         self._prepared_all.clear()
         self._failed.clear()
+        self._exact.clear()
         for runner, types in list(self._closed_types.items()):
             restore_closed_exception_types(runner, types)
         self._closed_types.clear()
@@ -281,6 +288,8 @@ class RunnerStopping:
                 live[(id(qr), id(session))] = (qr, session)
         for key in [key for key in self._prepared if key not in live]:
             del self._prepared[key]
+        kept = {id(close) for close in self._prepared.values()}
+        self._exact = {key: close for key, close in self._exact.items() if id(close) in kept}
         self._failed &= live.keys()
         by_session: dict[int, set[tuple[int, int]]] = {}
         for key, (_qr, session) in live.items():
@@ -290,14 +299,25 @@ class RunnerStopping:
         todo = [key for key in live if key not in self._prepared and key not in self._failed]
         for key in todo[:PREPARE_PER_TICK]:
             qr, session = live[key]
-            close = self._prepare(qr, session, *self._close_ops(qr, session))
+            ops, queues = self._close_ops(qr, session)
+            close = self._prepare(qr, session, ops, queues)
             if close is None:
                 self._failed.add(key)
-            else:
-                self._prepared[key] = close
+                continue
+            self._prepared[key] = close
+            if len(ops) == 1:
+                self._exact[(id(ops[0]), id(session))] = close
         if len(todo) > PREPARE_PER_TICK:
             return  # the session-wide closes wait until every runner has its own
         self._prepare_session_wide(by_session, live)
+
+    def prepared_run(self, session: Any, op: Any) -> Callable[[], Any] | None:
+        """A prepared callable that runs exactly ``op`` in ``session`` (a runner's cancel op), if one is ready."""
+        close = self._exact.get((id(op), id(session)))
+        if close is None or close.session_ref() is not session:
+            return None
+        runner = close.runner_ref()
+        return close.fn if runner is not None and getattr(runner, "cancel_op", None) is op else None
 
     def _prepare_session_wide(
         self, by_session: dict[int, set[tuple[int, int]]], live: dict[tuple[int, int], tuple[Any, Any]]

@@ -195,6 +195,7 @@ class TensorFlowIntegration:
         self.tracker.on_failure = self._on_run_failure
         self.tracker.on_run_error = self._on_run_error
         self.tracker.on_run_done = self._on_close_run
+        self.tracker.prepared_run = self.stopping.prepared_run
         self.active = self.eager.active = True
         self._patch_all(classes)
         if scan:
