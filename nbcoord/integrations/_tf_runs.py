@@ -189,7 +189,8 @@ class RunTracker:
 
         def run(self: Any, fetches: Any, *args: Any, **kwargs: Any) -> Any:
             watched = tracker.watched_ops
-            if watched and not args and not kwargs and id(fetches) in watched and not getattr(local, "own", False):
+            lone = bool(watched) and id(fetches) in watched
+            if lone and not args and not kwargs and not getattr(local, "own", False):
                 # One close op alone (a QueueRunner's cancel op, as its close-on-stop thread runs it when its
                 # coordinator stops): the same op through the executor prepared for it, if there is one. On
                 # failure the ordinary run below runs it again and raises TensorFlow's own error.
@@ -209,10 +210,7 @@ class RunTracker:
                 raise
             if (
                 watched
-                and (
-                    id(fetches) in watched
-                    or (type(fetches) in (list, tuple) and any(id(fetch) in watched for fetch in fetches))
-                )
+                and (lone or (type(fetches) in (list, tuple) and any(id(fetch) in watched for fetch in fetches)))
                 and not getattr(local, "own", False)
             ):
                 tracker.on_run_done(self, fetches)
