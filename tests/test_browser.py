@@ -197,7 +197,9 @@ class NotebookPage:
         )
 
     def prompt(self, index: int) -> str:
-        return str(self.cells.nth(index).locator(".jp-InputPrompt").inner_text()).strip()
+        """A cell's prompt as its DOM holds it. Not innerText: JupyterLab skips rendering the cells outside the
+        viewport (content-visibility), and the innerText of a skipped cell is empty."""
+        return str(self.cells.nth(index).locator(".jp-InputPrompt").text_content() or "").strip()
 
     def count(self, index: int) -> int:
         """The execution count of a finished cell."""
@@ -215,7 +217,8 @@ class NotebookPage:
                          kernel: w.sessionContext.session.kernel.status, active: w.content.activeCellIndex }; }""",
                 index,
             )
-            outputs = [text[:300] for text in self.cells.nth(index).locator(".jp-OutputArea-output").all_inner_texts()]
+            areas = self.cells.nth(index).locator(".jp-OutputArea-output")
+            outputs = [text[:300] for text in areas.all_text_contents()]
             raise AssertionError(f"{exc}: prompt {self.prompt(index)!r}, model {model}, outputs {outputs}") from None
 
     def output(self, index: int, text: str) -> Any:
@@ -676,8 +679,10 @@ def test_screenshot_for_the_readme(open_notebook: Any, record_property: Any) -> 
     panel.locator("[data-section=queues] .nbc-sentence", has_text="labels").first.wait_for(timeout=30_000)
     panel.get_by_role("button", name="Stop all", exact=True).click()
     notebook.wait_done(4, timeout=30)
+    # The click scrolled the panel into view; the cell's outputs are read as a user reads them, in view.
+    notebook.cells.nth(4).scroll_into_view_if_needed()
     error = notebook.cells.nth(4).locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
-    traceback = "\n".join(error.all_inner_texts())
+    traceback = "\n".join(error.all_text_contents())
     assert "nbcoord cancelled the session run" in traceback, traceback
     assert "site-packages/tensorflow" not in traceback  # point 7: no pages of TensorFlow frames
     notebook.output(4, "the panel's Stop all interrupted cell").wait_for(timeout=10_000)

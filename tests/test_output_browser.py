@@ -55,7 +55,9 @@ class NotebookPage:
         )
 
     def prompt(self, index: int) -> str:
-        return str(self.cells.nth(index).locator(".jp-InputPrompt").inner_text()).strip()
+        """A cell's prompt as its DOM holds it. Not innerText: JupyterLab skips rendering the cells outside the
+        viewport (content-visibility), and the innerText of a skipped cell is empty."""
+        return str(self.cells.nth(index).locator(".jp-InputPrompt").text_content() or "").strip()
 
     def wait_done(self, index: int, timeout: float = 60) -> None:
         wait_until(lambda: re.fullmatch(r"\[\d+\]:?", self.prompt(index)), timeout, 0.05, f"cell {index} done")
