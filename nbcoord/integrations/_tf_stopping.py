@@ -54,6 +54,9 @@ class _PreparedClose:
     fn: Callable[[], Any]
     #: The queues it closes (for the record of who closed them).
     queues: tuple[QueueInfo, ...] = ()
+    #: It runs exactly its runner's cancel op (the runner's enqueue ops read no other queue): it then also serves
+    #: a plain ``session.run`` of that op, such as the close-on-stop thread's when the coordinator stops.
+    exact: bool = False
 
 
 @dataclass(eq=False)
@@ -102,10 +105,6 @@ class RunnerStopping:
         self._prepared_all: dict[int, _PreparedAll] = {}
         #: Keys whose close could not be prepared (they are closed with a plain run instead).
         self._failed: set[tuple[int, int]] = set()
-        #: By (id(cancel op), id(session)): a runner's prepared close that runs exactly its cancel op (its enqueue
-        #: ops read no other queue). It also serves a plain ``session.run`` of that op, such as the run of the
-        #: runner's close-on-stop thread when its coordinator stops: no executor to build then, on the stop's time.
-        self._exact: dict[tuple[int, int], _PreparedClose] = {}
         #: Closes the eager queues of threads in a stop (the eager part), set at install: (threads, scope, cell).
         self.close_eager: Callable[[list[threading.Thread], str, int | None], list[str]] = lambda _t, _s, _c: []
         #: The cell running now (for the record of a stop's closes).
@@ -116,7 +115,6 @@ class RunnerStopping:
         self._prepared.clear()
         self._prepared_all.clear()
         self._failed.clear()
-        self._exact.clear()
         for runner, types in list(self._closed_types.items()):
             restore_closed_exception_types(runner, types)
         self._closed_types.clear()
@@ -288,8 +286,6 @@ class RunnerStopping:
                 live[(id(qr), id(session))] = (qr, session)
         for key in [key for key in self._prepared if key not in live]:
             del self._prepared[key]
-        kept = {id(close) for close in self._prepared.values()}
-        self._exact = {key: close for key, close in self._exact.items() if id(close) in kept}
         self._failed &= live.keys()
         by_session: dict[int, set[tuple[int, int]]] = {}
         for key, (_qr, session) in live.items():
@@ -299,25 +295,27 @@ class RunnerStopping:
         todo = [key for key in live if key not in self._prepared and key not in self._failed]
         for key in todo[:PREPARE_PER_TICK]:
             qr, session = live[key]
-            ops, queues = self._close_ops(qr, session)
-            close = self._prepare(qr, session, ops, queues)
+            close = self._prepare(qr, session, *self._close_ops(qr, session))
             if close is None:
                 self._failed.add(key)
-                continue
-            self._prepared[key] = close
-            if len(ops) == 1:
-                self._exact[(id(ops[0]), id(session))] = close
+            else:
+                self._prepared[key] = close
         if len(todo) > PREPARE_PER_TICK:
             return  # the session-wide closes wait until every runner has its own
         self._prepare_session_wide(by_session, live)
 
     def prepared_run(self, session: Any, op: Any) -> Callable[[], Any] | None:
-        """A prepared callable that runs exactly ``op`` in ``session`` (a runner's cancel op), if one is ready."""
-        close = self._exact.get((id(op), id(session)))
-        if close is None or close.session_ref() is not session:
-            return None
-        runner = close.runner_ref()
-        return close.fn if runner is not None and getattr(runner, "cancel_op", None) is op else None
+        """A prepared callable that runs exactly ``op`` in ``session`` (a runner's cancel op), if one is ready.
+
+        Asked only for a run of one close op alone (rare: a stop, a user's close), so a walk over the runners'
+        closes is enough; the monitor's thread may change the dict meanwhile, hence the copy.
+        """
+        for close in list(self._prepared.values()):
+            if close.exact and close.session_ref() is session:
+                runner = close.runner_ref()
+                if runner is not None and getattr(runner, "cancel_op", None) is op:
+                    return close.fn
+        return None
 
     def _prepare_session_wide(
         self, by_session: dict[int, set[tuple[int, int]]], live: dict[tuple[int, int], tuple[Any, Any]]
@@ -345,7 +343,8 @@ class RunnerStopping:
             return None
         if fn is None:
             return None
-        return _PreparedClose(weakref.ref(runner), weakref.ref(session), fn, tuple(queues))
+        exact = len(ops) == 1 and ops[0] is getattr(runner, "cancel_op", None)
+        return _PreparedClose(weakref.ref(runner), weakref.ref(session), fn, tuple(queues), exact)
 
     def session_runners(self, session: Any) -> list[threading.Thread]:
         """The live runner threads bound to a session (other than the calling thread)."""
