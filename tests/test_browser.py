@@ -28,7 +28,6 @@ import json
 import os
 import re
 import time
-from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -135,17 +134,18 @@ CONTRAST_JS = """(root) => {
 
 # Wraps the page's kernel connection's message handler (messages are handled one after another) to keep, for a
 # failed test, the last 300 messages with when their handling began and ended: one that never ends stalls all
-# that follow, replies included.
+# that follow, replies included. A private name of JupyterLab's: where it is missing, there is no trace.
 TRACE_JS = """() => {
   const kernel = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
-  if (kernel.nbcTraced) return;
+  if (kernel.nbcTraced || typeof kernel._handleMessage !== "function") return;
   kernel.nbcTraced = true;
   const trace = (window.nbcTrace = window.nbcTrace || []);
   const handle = kernel._handleMessage.bind(kernel);
   kernel._handleMessage = async (msg) => {
-    const data = msg.content && msg.content.data;
+    const content = msg.content || {};
     const entry = { t: Date.now(), type: msg.header.msg_type, parent: msg.parent_header && msg.parent_header.msg_type,
-                    method: data && data.method, done: null };
+                    detail: content.execution_state || content.status || content.ename || content.name
+                      || (content.data && content.data.method) || "", done: null };
     trace.push(entry);
     if (trace.length > 300) trace.shift();
     try { return await handle(msg); } finally { entry.done = Date.now(); }
@@ -178,10 +178,11 @@ class NotebookPage:
         self.page.evaluate(TRACE_JS)
 
     def kernel_trace(self) -> list[str]:
-        """The kernel messages the page handled last, one line each: when it began and ended (or 'never')."""
+        """The kernel messages the page handled last, a line each: when its handling began and how long it took
+        ('NOT DONE': it never ended)."""
         return list(
             self.page.evaluate(
-                "() => (window.nbcTrace || []).map((e) => `${e.t} ${e.type} < ${e.parent} ${e.method || ''} "
+                "() => (window.nbcTrace || []).map((e) => `${e.t} ${e.type} < ${e.parent} ${e.detail} "
                 "${e.done === null ? 'NOT DONE' : `done +${e.done - e.t} ms`}`)"
             )
         )
@@ -274,20 +275,6 @@ def open_notebook(
     to Light: the theme is a setting of the server's user, which the next test would inherit."""
     opened: list[tuple[Any, NotebookPage, list[str], list[str]]] = []
     console: list[str] = []  # everything the pages logged, written out when the test fails
-    frames: deque[str] = deque(maxlen=400)  # the last kernel messages the pages received, likewise
-
-    def note_frame(name: str, frame: Any) -> None:
-        """Keep a line per kernel message (comm traffic left out): its type, its parent's id and a few fields."""
-        text = frame.decode("utf-8", "replace") if isinstance(frame, bytes) else str(frame)
-        found = re.findall(r'"msg_type": ?"(\w+)"', text)
-        if not found or found[0].startswith("comm_"):
-            return
-        ids = sorted(set(re.findall(r'"msg_id": ?"([^"]+)"', text)))
-        detail = re.search(r'"(execution_state|status|name|ename)": ?"([^"]*)"', text)
-        frames.append(
-            f"{time.strftime('%H:%M:%S')}.{int(time.time() * 1000) % 1000:03d} {name} {' < '.join(found[:2])} "
-            f"ids={','.join(ids)} {detail.group(0) if detail else ''}"
-        )
     failed_before = request.session.testsfailed
 
     def open_(app: str, cells: list[str], kernel: str = "python3") -> NotebookPage:
@@ -310,7 +297,6 @@ def open_notebook(
             lambda msg: errors.append(msg.text) if msg.type == "error" and "nbcoord" in msg.text else None,
         )
         page.on("console", lambda msg: console.append(f"{name} {msg.type}: {msg.text}"))
-        page.on("websocket", lambda socket: socket.on("framereceived", lambda frame: note_frame(name, frame)))
         page.on("pageerror", lambda exc: console.append(f"{name} pageerror: {exc}\n{getattr(exc, 'stack', '')}"))
         page.goto(jupyter_server.page_url(app, name))
         notebook = NotebookPage(page, jupyter_server, name, app)
@@ -328,7 +314,7 @@ def open_notebook(
                 traces += ["", f"{notebook.name}: the kernel messages it handled last", *notebook.kernel_trace()]
             except Exception as exc:  # the page may be gone
                 traces.append(f"{notebook.name}: no trace ({exc})")
-        (ARTIFACTS / f"{request.node.name}-console.log").write_text("\n".join([*console, "", *frames, *traces]))
+        (ARTIFACTS / f"{request.node.name}-console.log").write_text("\n".join([*console, *traces]))
         (ARTIFACTS / f"{request.node.name}-server.log").write_bytes(jupyter_server.log.read_bytes())
     for context, notebook, errors, dialogs in opened:
         if failed:
