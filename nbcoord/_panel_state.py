@@ -255,7 +255,11 @@ def restart_state(report: Mapping[str, Any] | None) -> dict[str, Any] | None:
 
 # ------------------------------------------------------------------------------------------------- memory
 def _resources(resources: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """Memory rounded to MiB, native threads as a count: what the header and the memory section draw."""
+    """Memory rounded to MiB and the child processes: what the memory section draws.
+
+    Not the native-thread count: the probe lists the threads only at its full reads (seconds apart under its duty
+    cap), and the header carries the count read at every update; a second, staler copy here would only change
+    the trait (one more message) whenever a full read catches up, in a panel that is otherwise idle."""
     if not resources:
         return None
     host = dict(resources.get("host") or {})
@@ -272,7 +276,6 @@ def _resources(resources: Mapping[str, Any] | None) -> dict[str, Any] | None:
         }
         for device in gpu.get("devices") or []
     ]
-    native = resources.get("native_threads")
     children = [
         {
             "pid": c.get("pid"),
@@ -288,7 +291,6 @@ def _resources(resources: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return {
         "host": host,
         "gpu": gpu,
-        "native_threads": len(native) if isinstance(native, list) else None,
         "children": children,
     }
 
@@ -402,8 +404,9 @@ def panel_state(
     ledger = sorted(snapshot["ledger"], key=_sort_key)
     ledger_shown = ledger[:MAX_LEDGER_ROWS]
     resources = _resources(snapshot["resources"])
-    if native_threads is None and resources is not None:
-        native_threads = resources["native_threads"]
+    if native_threads is None and snapshot["resources"]:
+        listed = snapshot["resources"].get("native_threads")
+        native_threads = len(listed) if isinstance(listed, list) else None
     memory = [cell_memory_row(r) for r in snapshot["cell_memory"][-50:]]
     wanted = {r["cell"] for r in shown if r["cell"] is not None}
     wanted |= {r["cell"] for r in ledger_shown if r["cell"] is not None}

@@ -198,7 +198,6 @@ FULL_EXTRAS: dict[str, Any] = {
     "resources": {
         "host": {"rss": 300 << 20, "children_rss": 0, "total": 16 << 30},
         "gpu": {"available": False, "reason": "no NVIDIA driver", "devices": [], "tf_note": None},
-        "native_threads": 21,
         "children": [{"pid": 77, "cmdline": "sleep 100", "status": "sleeping", "rss": 1 << 20, "cell": 2}],
     },
     "history": {

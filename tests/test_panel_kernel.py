@@ -970,6 +970,26 @@ def test_counts_are_the_true_ones_however_many_rows_are_sent() -> None:
     assert (last["stopped_count"], last["alive_count"], len(last["alive"])) == (700, 300, _panel_state.MAX_OUTCOMES)
 
 
+def test_the_probes_thread_list_catching_up_changes_no_trait_when_the_header_counted_them() -> None:
+    """The probe lists the OS threads only at its full reads, seconds apart under its duty cap; the header's count
+    is read at every update. A full read that catches up with threads started earlier must not be a change (an
+    idle panel sent a resources update with nothing but this count in it)."""
+    from nbcoord import _panel_state
+
+    def resources(listed: int) -> dict[str, Any]:
+        native = [{"native_id": i, "name": "python", "cpu_s": 0.0, "python_name": None} for i in range(listed)]
+        host = {"rss": 300 << 20, "uss": 200 << 20, "children_rss": 0, "total": 16 << 30}
+        gpu = {"available": False, "reason": "no NVIDIA driver", "devices": [], "tf_note": None}
+        return {"host": host, "gpu": gpu, "native_threads": native, "children": []}
+
+    stale = _panel_state.panel_state(_snapshot([], resources=resources(29)), native_threads=30)
+    caught_up = _panel_state.panel_state(_snapshot([], resources=resources(30)), native_threads=30)
+    assert caught_up == stale
+    assert caught_up["header"]["native_threads"] == 30
+    # Without a count read at the update, the header still has the probe's.
+    assert _panel_state.panel_state(_snapshot([], resources=resources(29)))["header"]["native_threads"] == 29
+
+
 def test_identical_blocked_sentences_are_merged_with_a_count() -> None:
     from nbcoord import _panel_state
 
