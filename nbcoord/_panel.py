@@ -148,7 +148,7 @@ class PanelController:
         except BaseException:
             self.route.uninstall()  # a panel that could not be made leaves the kernel's shell stream as it was
             raise
-        self._sender = Sender(self._tick, self._wait, self._watched)
+        self._sender = Sender(self._tick, self._wait, self._watched, self._traits)
         self._sender.start()
         self._remove_own_stopper = extension.add_own_stopper(self.stop_threads)
         extension.add_undo(self.close)

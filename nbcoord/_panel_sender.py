@@ -4,8 +4,11 @@
 watches, and parks (no cost) while nobody does. :class:`TraitSender` sets only the traits whose value changed,
 in one message (``hold_sync``): values are compared as Python values (cheaper than encoding 1000 rows every
 tick), and a big trait that changes all the time is sent at most every ``size / BYTES_PER_INTERVAL`` intervals,
-so that 1000 busy threads cannot turn the panel into a firehose. One lock serialises every send to the widget:
-the sender's ticks and the acknowledgements of clicks, which go out at once from the command thread.
+so that 1000 busy threads cannot turn the panel into a firehose. A trait held back is sent, as that tick built
+it, once its wait is over: not at the next tick, which may be many seconds away while ticks are expensive (the
+header would count 1000 new threads that the list does not show meanwhile). One lock serialises every send to
+the widget: the sender's ticks, the held traits and the acknowledgements of clicks, which go out at once from the
+command thread.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import json
 import logging
 import math
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
@@ -37,10 +41,17 @@ def to_json(value: Any) -> str:
 class Sender:
     """The one long-lived thread that sends the panel's state; parked (no cost) while nobody watches."""
 
-    def __init__(self, tick: Callable[[], None], wait: Callable[[], float], active: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        tick: Callable[[], None],
+        wait: Callable[[], float],
+        active: Callable[[], bool],
+        traits: TraitSender,
+    ) -> None:
         self._tick = tick
         self._wait = wait
         self._active = active
+        self._traits = traits  # whose held traits go out between ticks, when their wait is over
         self._wake = threading.Event()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name=SENDER_THREAD_NAME, daemon=True)
@@ -78,8 +89,22 @@ class Sender:
                 self._tick()
             except Exception:
                 log.warning("nbcoord: panel update failed", exc_info=True)
-            self._wake.wait(self._wait())
-            self._wake.clear()
+            self._until_next_tick(time.monotonic() + self._wait())
+
+    def _until_next_tick(self, next_tick: float) -> None:
+        """Wait for the next tick (or a wake), sending held traits when they are due meanwhile."""
+        while not self._stopping:
+            due = self._traits.held_due()
+            until = next_tick if due is None else min(due, next_tick)
+            if self._wake.wait(max(0.0, until - time.monotonic())):
+                self._wake.clear()
+                return
+            if due is None or due >= next_tick:
+                return
+            try:
+                self._traits.send_held(time.monotonic())
+            except Exception:
+                log.warning("nbcoord: panel update failed", exc_info=True)
 
 
 class TraitSender:
@@ -91,6 +116,8 @@ class TraitSender:
         self.sent: dict[str, Any] = dict(initial)
         self.sizes: dict[str, int] = {key: len(to_json(value)) for key, value in initial.items()}
         self._sent_at: dict[str, float] = {}
+        #: Traits a tick held back (too big to send again so soon): key -> (value, when it may go out).
+        self._held: dict[str, tuple[Any, float]] = {}
 
     @property
     def sent_at(self) -> dict[str, float]:
@@ -105,28 +132,51 @@ class TraitSender:
         """
         with self._lock:
             changed: dict[str, tuple[Any, int]] = {}
-            held: set[str] = set()
+            held: dict[str, float] = {}  # key -> when it may go out
             for key, value in state.items():
+                self._held.pop(key, None)  # this state is newer than what was held
                 if key not in force and key in self.sent and value == self.sent[key]:
                     continue
                 size = len(to_json(value))
                 gap = interval * size / BYTES_PER_INTERVAL  # small traits: no wait; 640 KB: 10 intervals
-                if key not in force and now - self._sent_at.get(key, -math.inf) < gap:
-                    held.add(key)  # a big trait that changes all the time: sent less often
+                due = self._sent_at.get(key, -math.inf) + gap
+                if key not in force and now < due:
+                    held[key] = due  # a big trait that changes all the time: sent less often
                     continue
                 changed[key] = (value, size)
             for together in TOGETHER:
-                if held & together:
+                if held.keys() & together:
+                    due = max(held[key] for key in held.keys() & together)
                     for key in together - set(force):
-                        changed.pop(key, None)
-            if not changed or getattr(self.widget, "comm", None) is None:
-                return
-            with self.widget.hold_sync():
-                for key, (value, size) in changed.items():
-                    setattr(self.widget, key, value)
-                    self.sent[key] = value
-                    self.sizes[key] = size
-                    self._sent_at[key] = now
+                        if key in held or key in changed:
+                            held[key] = due
+                            changed.pop(key, None)
+            self._held.update((key, (state[key], due)) for key, due in held.items())
+            self._set(changed, now)
+
+    def held_due(self) -> float | None:
+        """When the next held trait may go out (``now``'s clock), or None if none is held."""
+        with self._lock:
+            return min((due for _, due in self._held.values()), default=None)
+
+    def send_held(self, now: float) -> None:
+        """Send the held traits that are due, as the tick that held them built them, in one message."""
+        with self._lock:
+            due = {key: value for key, (value, at) in self._held.items() if at <= now}
+            for key in due:
+                del self._held[key]
+            self._set({key: (value, len(to_json(value))) for key, value in due.items()}, now)
+
+    def _set(self, changed: Mapping[str, tuple[Any, int]], now: float) -> None:
+        """Set ``changed`` (key -> value and its size) on the widget in one message (under ``_lock``)."""
+        if not changed or getattr(self.widget, "comm", None) is None:
+            return
+        with self.widget.hold_sync():
+            for key, (value, size) in changed.items():
+                setattr(self.widget, key, value)
+                self.sent[key] = value
+                self.sizes[key] = size
+                self._sent_at[key] = now
 
     def send_now(self, key: str, value: Any, now: float) -> None:
         """Send one small trait at once (a click's acknowledgement), whatever the sender thread is doing."""

@@ -762,6 +762,34 @@ def test_no_view_parks_the_sender_and_unload_leaves_nothing(pk: PanelKernel) -> 
     pk.comm_id = pk.value("p.comm.comm_id")
 
 
+@pytest.mark.kernel
+def test_rows_held_back_for_their_size_go_out_when_their_wait_is_over_not_at_the_next_tick(pk: PanelKernel) -> None:
+    """1000 new threads: the rows are too big to send again right after the last rows, so the tick that counts
+    them in the header holds the rows (and their groups) back. With 1000 threads ticks are expensive and seconds
+    apart; the rows must follow when their wait is over, not a tick later (the browser test waited 30 s for the
+    group on a loaded machine)."""
+    pk.open_view()
+    wait_until(lambda: pk.value("controller.watched()"), 10, what="the view to be seen")
+    before = pk.state()["header"]["threads"]
+    since = time.time()
+    pk.run("burst = [threading.Thread(target=nbcoord.wait_for_stop, name=f'burst-{i}') for i in range(1000)]")
+    pk.run("for t in burst:\n    t.start()")
+
+    def first(condition: Callable[[dict[str, Any]], bool]) -> tuple[float, dict[str, Any]] | None:
+        pk.pump()
+        found = [(at, msg["content"]["data"]["state"]) for at, msg in pk.comm_msgs if at >= since]
+        return next(((at, state) for at, state in found if condition(state)), None)
+
+    counted = wait_until(lambda: first(lambda s: s.get("header", {}).get("threads") == before + 1000), 30, 0.05)
+    grouped = wait_until(lambda: first(lambda s: any(g["threads"] == 1000 for g in s.get("groups", []))), 30, 0.05)
+    assert counted is not None and grouped is not None
+    assert "threads" in grouped[1]  # the rows with their groups, in one message
+    tick = pk.value("controller._wait()")
+    late = grouped[0] - counted[0]
+    assert late < tick / 2, f"the groups came {late:.2f} s after the header's count; the ticks are {tick} s apart"
+    pk.run("nbcoord.stop_all()")
+
+
 # ------------------------------------------------------------------------------ fast tier: no kernel process
 
 
