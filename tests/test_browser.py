@@ -187,6 +187,28 @@ class NotebookPage:
             )
         )
 
+    def summary(self) -> str:
+        """What the panel shows and the kernel messages the page handled last: the failure message's context
+        (CI prints the test's output, not test-artifacts/)."""
+        try:
+            head = self.panel.locator(".nbc-head").all_text_contents()
+            groups = self.panel.locator(".nbc-ghead").all_text_contents()
+            status = self.panel.locator(".nbc-status").all_text_contents()
+            trace = self.kernel_trace()[-12:]
+        except Exception as exc:  # the page may be gone
+            return f"no summary of {self.name} ({exc})"
+        lines = [f"panel head {head}", f"group heads {groups}", f"status {status}", "last kernel messages:", *trace]
+        return "\n".join(lines)
+
+    def wait_shown(self, locator: Any, timeout: float, what: str) -> None:
+        """``locator`` visible within ``timeout`` seconds; else a failure that says what the panel showed."""
+        from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+
+        try:
+            locator.wait_for(timeout=timeout * 1000)
+        except PlaywrightTimeoutError:
+            raise AssertionError(f"{what} not shown after {timeout} s\n{self.summary()}") from None
+
     def run(self, index: int) -> None:
         """Run one cell in place (no new cell is created, the index stays valid)."""
         self.page.evaluate(
@@ -315,6 +337,8 @@ def open_notebook(
             except Exception as exc:  # the page may be gone
                 traces.append(f"{notebook.name}: no trace ({exc})")
         (ARTIFACTS / f"{request.node.name}-console.log").write_text("\n".join([*console, *traces]))
+        for _context, notebook, _errors, _dialogs in opened:
+            print(f"{notebook.name} at the failure:\n{notebook.summary()}")  # in the report, beside the failure
         (ARTIFACTS / f"{request.node.name}-server.log").write_bytes(jupyter_server.log.read_bytes())
     for context, notebook, errors, dialogs in opened:
         if failed:
@@ -404,7 +428,7 @@ def check_counts_at_a_thousand(notebook: NotebookPage) -> None:
     notebook.wait_done(3, timeout=60)
     cell = notebook.count(3)
     group = notebook.panel.locator(f".nbc-group[data-group=c{cell}]")
-    group.locator(".nbc-ghead", has_text="1000 threads").wait_for(timeout=30_000)
+    notebook.wait_shown(group.locator(".nbc-ghead", has_text="1000 threads"), 30, f"cell [{cell}]'s 1000 threads")
     wait_until(lambda: header_threads(notebook) == before + 1000, 15, 0.05, "the header's true count")
     more = group.locator(".nbc-more")
     wait_until(lambda: "Showing 50 of 1000." in more.inner_text(), 30, 0.05, "the rows, cut and said so once")
