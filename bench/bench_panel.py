@@ -342,6 +342,9 @@ def bench_idle(k: Kernel, threads: int, window: float) -> None:
         interval = k.value("nbcoord._extension.config.panel_interval")
         view = k.open_view()
         settle(counter)
+        # Quiet for longer than a tick apart (with 1000 threads ticks are seconds apart, and rows held back for
+        # their size go out between ticks): a shorter silence may fall between the startup's last two messages.
+        settle(counter, quiet=max(3.0, 1.5 * k.value("controller._wait()")), limit=90.0)
         ticks = k.value("controller.ticks")
         state_bytes = k.value("sum(controller._sent_size.values())")
         counter.drain()
