@@ -116,8 +116,8 @@ class TraitSender:
         self.sent: dict[str, Any] = dict(initial)
         self.sizes: dict[str, int] = {key: len(to_json(value)) for key, value in initial.items()}
         self._sent_at: dict[str, float] = {}
-        #: Traits a tick held back (too big to send again so soon): key -> (value, when it may go out).
-        self._held: dict[str, tuple[Any, float]] = {}
+        #: Traits a tick held back (too big to send again so soon): key -> (value, its size, when it may go out).
+        self._held: dict[str, tuple[Any, int, float]] = {}
 
     @property
     def sent_at(self) -> dict[str, float]:
@@ -133,11 +133,12 @@ class TraitSender:
         with self._lock:
             changed: dict[str, tuple[Any, int]] = {}
             held: dict[str, float] = {}  # key -> when it may go out
+            sizes: dict[str, int] = {}
             for key, value in state.items():
                 self._held.pop(key, None)  # this state is newer than what was held
                 if key not in force and key in self.sent and value == self.sent[key]:
                     continue
-                size = len(to_json(value))
+                size = sizes[key] = len(to_json(value))
                 gap = interval * size / BYTES_PER_INTERVAL  # small traits: no wait; 640 KB: 10 intervals
                 due = self._sent_at.get(key, -math.inf) + gap
                 if key not in force and now < due:
@@ -151,21 +152,21 @@ class TraitSender:
                         if key in held or key in changed:
                             held[key] = due
                             changed.pop(key, None)
-            self._held.update((key, (state[key], due)) for key, due in held.items())
+            self._held.update((key, (state[key], sizes[key], due)) for key, due in held.items())
             self._set(changed, now)
 
     def held_due(self) -> float | None:
         """When the next held trait may go out (``now``'s clock), or None if none is held."""
         with self._lock:
-            return min((due for _, due in self._held.values()), default=None)
+            return min((due for _, _, due in self._held.values()), default=None)
 
     def send_held(self, now: float) -> None:
         """Send the held traits that are due, as the tick that held them built them, in one message."""
         with self._lock:
-            due = {key: value for key, (value, at) in self._held.items() if at <= now}
+            due = {key: (value, size) for key, (value, size, at) in self._held.items() if at <= now}
             for key in due:
                 del self._held[key]
-            self._set({key: (value, len(to_json(value))) for key, value in due.items()}, now)
+            self._set(due, now)
 
     def _set(self, changed: Mapping[str, tuple[Any, int]], now: float) -> None:
         """Set ``changed`` (key -> value and its size) on the widget in one message (under ``_lock``)."""
