@@ -201,6 +201,11 @@ def fleet(kernels: int) -> Iterator[tuple[Server, dict[str, list[str]], dict[str
                 if kernel_id in roles["zombie"]:
                     run(client, ZOMBIE)
             yield server, roles, dict(zip(ids, clients, strict=True))
+        except BaseException:
+            # The server's log goes with the temporary folder: its end says why a kernel died (run_all shows it).
+            server.log.flush()
+            print((Path(tmp) / "server.log").read_text(errors="replace")[-4000:], file=sys.stderr)
+            raise
         finally:
             for client in clients:
                 with contextlib.suppress(Exception):

@@ -29,6 +29,7 @@ The headline figures are also printed as ``RESULT`` lines (bench/_results.py) fo
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import gc
 import math
 import os
@@ -442,8 +443,14 @@ def bench_interrupt() -> None:
     print("5. Interrupt of a main thread blocked in sess.run on an empty queue")
     latencies: dict[bool, list[float | None]] = {}
     for on in (False, True):
-        with nbcoord_loaded(on):
-            runs = [interrupt_latency(on) for _ in range(1 if not on else int(COUNTS["interrupts"]))]
+        # Once, under run_all on a loaded machine, an Interrupt with nbcoord never landed (not reproduced in 6 runs
+        # and 80 Interrupts since): should it happen again, every thread's stack goes to the output run_all shows.
+        faulthandler.dump_traceback_later(60, repeat=False)
+        try:
+            with nbcoord_loaded(on):
+                runs = [interrupt_latency(on) for _ in range(1 if not on else int(COUNTS["interrupts"]))]
+        finally:
+            faulthandler.cancel_dump_traceback_later()
         print(f"   {label(on):7s}: " + "; ".join(outcome for outcome, _ in runs))
         latencies[on] = [latency for _, latency in runs]
     ours = [latency for latency in latencies[True] if latency is not None]
