@@ -143,7 +143,10 @@ class Server:
             time.sleep(0.05)
         client = BlockingKernelClient(connection_file=str(connection))
         client.load_connection_file()
-        client.start_channels()
+        # No heartbeat: a client made from a connection file alone judges the kernel by it, and calls the kernel
+        # dead when the first ping waits over a second (20 kernels starting on 2 cores: "Kernel died before
+        # replying to kernel_info" in run_all, after the TensorFlow benchmarks). wait_for_ready's deadline bounds.
+        client.start_channels(hb=False)
         client.wait_for_ready(timeout=120)
         return client
 
