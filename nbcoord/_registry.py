@@ -228,6 +228,8 @@ class Registry:
         self._ids = itertools.count(1)
         #: Threads started but not yet registered (see note_started); appended without the lock.
         self._pending: deque[PendingStart] = deque()
+        #: Drains under way (under the lock; a counter, as drains nest): see _drain.
+        self._draining = 0
         #: Records by the cell that started them (keyed by the CellInfo's id), for per-cell hooks.
         self._by_cell: dict[int, dict[str, ThreadRecord]] = {}
         #: Bumped whenever a record is added or pruned; keys the cached native-id -> name table.
@@ -320,20 +322,28 @@ class Registry:
             self._pending.remove(entry)
 
     def _drain(self) -> None:
-        if not self._pending:
+        # Both read without the lock, the queue first. A drain on another thread counts itself before it takes an
+        # entry and uncounts once what it took is registered: a reader that finds the queue empty while such a
+        # drain is under way waits for it below, instead of missing a thread that is being registered (one of
+        # 1000 threads calling wait_for_stop() at once was told it was no cell's thread, and died of it).
+        if not self._pending and not self._draining:
             return
         main = threading.main_thread()
         with self._lock:
-            waiting: list[PendingStart] = []
-            pending, register = self._pending, self._register
-            while pending:
-                entry = pending.popleft()
-                ident = entry[0].ident
-                if ident is None:
-                    waiting.append(entry)
-                    continue
-                register(entry, main, ident)
-            self._pending.extendleft(reversed(waiting))
+            self._draining += 1
+            try:
+                waiting: list[PendingStart] = []
+                pending, register = self._pending, self._register
+                while pending:
+                    entry = pending.popleft()
+                    ident = entry[0].ident
+                    if ident is None:
+                        waiting.append(entry)
+                        continue
+                    register(entry, main, ident)
+                self._pending.extendleft(reversed(waiting))
+            finally:
+                self._draining -= 1
 
     def _register(self, entry: PendingStart, main: threading.Thread, ident: int) -> ThreadRecord:
         """The record of a queued start (under the lock; paid once per thread, on the next read)."""

@@ -262,6 +262,47 @@ def test_concurrent_starts_are_all_registered_once(registry: Registry, hooks: Th
     assert len(set(tids)) == 100
 
 
+def test_a_lookup_during_another_threads_drain_waits_for_the_thread_being_registered(
+    registry: Registry, hooks: ThreadHooks, park: Park
+) -> None:
+    """A thread calling wait_for_stop() looks itself up; when another thread has just taken its start from the
+    queue and is registering it, the lookup found the queue empty and missed it (one of 1000 threads died of a
+    RuntimeError in a full test run). The lookup must wait for that registration instead."""
+    inside, release, drain, look = threading.Event(), threading.Event(), threading.Event(), threading.Event()
+    found: list[ThreadRecord | None] = []
+    worker: list[threading.Thread] = []
+    # The two helpers start (and are registered) first: the queue then holds the worker's start alone.
+    drainer = threading.Thread(target=lambda: drain.wait(10) and registry.records(), name="drainer")
+    looker = threading.Thread(target=lambda: look.wait(10) and found.append(registry.for_thread(worker[0])))
+    drainer.start()
+    looker.start()
+    registry.records()
+    registry.cell_started(3, None, "burst()")
+    worker.append(park.start("burst-0"))  # queued, not registered yet
+    register = registry._register
+
+    def slow_register(*args: Any) -> ThreadRecord:
+        inside.set()
+        release.wait(10)
+        return register(*args)
+
+    registry._register = slow_register  # type: ignore[method-assign]
+    drain.set()
+    assert inside.wait(10)  # the drainer took the worker's start from the queue and is registering it
+    look.set()
+
+    def waiting_or_done() -> bool:
+        frame = sys._current_frames().get(looker.ident or 0)
+        return not looker.is_alive() or (frame is not None and frame.f_code.co_name == "_drain")
+
+    wait_until(waiting_or_done, 10, 0.001, "the lookup to wait in _drain, or to end")
+    release.set()
+    looker.join(10)
+    drainer.join(10)
+    assert found and found[0] is not None and found[0].thread is worker[0]
+    assert found[0].cell is not None and found[0].cell.execution_count == 3
+
+
 # ------------------------------------------------------------------------------------------------ preexisting
 def test_adopt_existing_marks_preexisting_threads(clock: FakeClock, park: Park) -> None:
     before = park.start("before-load")
