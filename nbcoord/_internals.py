@@ -216,12 +216,21 @@ def calling_frame(depth: int = 1) -> FrameType | None:
 
 
 def current_frames() -> dict[int, FrameType]:
-    """Each running thread's current frame, by ident. Fallback: {} (states unknown, no stacks)."""
+    """Each running thread's current frame, by ident, except the calling thread's (whose frame is the caller's
+    business: ``sys._getframe``). Fallback: {} (states unknown, no stacks).
+
+    Why not the caller's own: its entry would be this function's frame, which then outlives the call (the dict
+    refers to it) and links its callers' frames (CPython 3.11+ materialises ``f_back`` when a frame outlives its
+    run); a caller holding the dict in a local then closes a cycle, and every thread's frame in the dict, with all
+    that those frames hold, waits for the cycle collector instead of being freed when its thread ends (PyTorch's
+    DataLoader workers then wait 5 s each for shutdown messages held up that way).
+    """
     frames = getattr(sys, "_current_frames", None)
     if frames is None:
         _fall_back("sys._current_frames", "thread states, stacks and activity are unknown")
         return {}
     result: dict[int, FrameType] = frames()
+    result.pop(threading.get_ident(), None)
     return result
 
 

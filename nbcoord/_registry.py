@@ -36,8 +36,14 @@ ZombieReason = Literal["cell-interrupted", "cell-error", "stop-ignored", "owner-
 
 #: How many frames of the starting code a record keeps. Short on purpose: it is taken on every Thread.start.
 CREATION_STACK_DEPTH = 6
-#: What Thread.start queues: thread, parent, creation stack, owner, the cell then running, the time.
-PendingStart = tuple[threading.Thread, threading.Thread, list[Any], "Owner | None", "CellInfo | None", float]
+#: What Thread.start queues: the thread, its parent (the starting thread) and the parent's ident, the creation stack,
+#: the owner, the cell then running, the time. Both threads by weak reference: a queued start must not keep a thread
+#: that finished (nor its parent) alive until the next read (CPython's ``concurrent.futures.process`` keeps its
+#: threads weakly, and its forked workers call what a dead thread left there).
+PendingStart = tuple[
+    "weakref.ref[threading.Thread]", "weakref.ref[threading.Thread]", int | None, list[Any], "Owner | None",
+    "CellInfo | None", float,
+]
 #: Prefix of every thread nbcoord itself starts; they are internal and never shown or stopped as user threads.
 INTERNAL_PREFIX = "nbcoord-"
 #: How many thread failures are kept; older ones are dropped first.
@@ -217,11 +223,10 @@ class Registry:
         self._lock = threading.RLock()
         self._threads: dict[str, ThreadRecord] = {}
         self._by_ident: dict[int, ThreadRecord] = {}
-        # Every record's thread by ident, as the last full prune found them alive, and the version then: while
+        # The idents of every record's thread, as the last full prune found them alive, and the version then: while
         # nothing was added or removed since, one C-speed comparison with threading's own table tells whether any
-        # of them ended (see _prune). It holds each thread until the first read after it ends (the monitor reads
-        # every second); the records themselves hold threads only weakly.
-        self._alive_at_prune: tuple[int, dict[int, threading.Thread]] = (-1, {})
+        # of them ended (see _none_ended). Idents, not threads: nothing here keeps a finished thread alive.
+        self._alive_at_prune: tuple[int, set[int]] = (-1, set())
         self._cells: dict[int, CellInfo] = {}
         self._current_cell: CellInfo | None = None
         self._failures: deque[ThreadFailure] = deque(maxlen=MAX_FAILURES)
@@ -271,7 +276,7 @@ class Registry:
         counts = list(self._cells)  # in the order they started
         keep = set(counts[-RECENT_CELLS:])
         keep.update(r.cell.execution_count for r in self._threads.values() if r.cell is not None)
-        keep.update(entry[4].execution_count for entry in self._pending if entry[4] is not None)
+        keep.update(entry[5].execution_count for entry in self._pending if entry[5] is not None)
         if self._current_cell is not None:
             keep.add(self._current_cell.execution_count)
         if self.keep_cells is not None:
@@ -310,9 +315,13 @@ class Registry:
 
         Reads drain the queue in order, so a parent is always registered before the threads it started; an entry
         whose thread has no ident yet (its start is still under way) waits for a later read. ``deque.append``
-        needs no lock.
+        needs no lock. The threads are queued by weak reference (``weakref.ref`` of an object returns the one
+        basic reference it already has, so the record made later holds that same reference: see _parent_record).
         """
-        entry = (thread, parent, creation_stack(frame), owner, self._current_cell, self._clock())
+        entry = (
+            weakref.ref(thread), weakref.ref(parent), parent.ident, creation_stack(frame), owner, self._current_cell,
+            self._clock(),
+        )
         self._pending.append(entry)
         return entry
 
@@ -333,24 +342,52 @@ class Registry:
             self._draining += 1
             try:
                 waiting: list[PendingStart] = []
+                gone: dict[int, ThreadRecord] = {}
                 pending, register = self._pending, self._register
                 while pending:
                     entry = pending.popleft()
-                    ident = entry[0].ident
+                    thread = entry[0]()
+                    if thread is None:
+                        # It ran, ended and was freed before this read: no record (nothing to show or stop), but
+                        # threads it started inherit its cell through what its record would have said.
+                        gone[id(entry[0])] = self._record_of(entry, None, main, None)
+                        continue
+                    ident = thread.ident
                     if ident is None:
                         waiting.append(entry)
                         continue
-                    register(entry, main, ident)
+                    register(entry, thread, main, ident, gone)
                 self._pending.extendleft(reversed(waiting))
             finally:
                 self._draining -= 1
 
-    def _register(self, entry: PendingStart, main: threading.Thread, ident: int) -> ThreadRecord:
+    def _register(
+        self,
+        entry: PendingStart,
+        thread: threading.Thread,
+        main: threading.Thread,
+        ident: int,
+        gone: dict[int, ThreadRecord],
+    ) -> ThreadRecord:
         """The record of a queued start (under the lock; paid once per thread, on the next read)."""
-        thread, parent, stack, owner, main_cell, now = entry
-        name = thread.name
+        record = self._record_of(entry, thread, main, ident, gone)
+        self._add(record)
+        return record
+
+    def _record_of(
+        self,
+        entry: PendingStart,
+        thread: threading.Thread | None,
+        main: threading.Thread,
+        ident: int | None,
+        gone: dict[int, ThreadRecord] | None = None,
+    ) -> ThreadRecord:
+        """What a queued start's record says (``thread`` None: it is already gone; the record is not kept)."""
+        _, parent_ref, parent_ident, stack, owner, main_cell, now = entry
+        parent = parent_ref()
+        name = thread.name if thread is not None else ""
         internal = name.startswith(INTERNAL_PREFIX)  # nbcoord names its threads when it makes them
-        parent_record = self._own_record(parent)
+        parent_record = self._parent_record(parent_ref, parent_ident, gone)
         cell: CellInfo | None
         if parent_record is not None:
             cell = parent_record.cell
@@ -364,14 +401,30 @@ class Registry:
             cell = main_cell if parent is main else None
             preexisting = claimed = False
             parent_tid = None
+        parent_name = parent.name if parent is not None else parent_record.name if parent_record is not None else None
+        if thread is None:
+            return ThreadRecord(
+                "", entry[0], name, None, None, False, now, cell, parent_name, parent_tid, stack, preexisting,
+                internal, claimed,
+            )
         # Threads started by the kernel's own threads (or by nbcoord's) count as theirs, not the user's.
         record = self._new_record(
-            thread, ident, name, now, cell, parent.name, parent_tid, stack, preexisting, internal, claimed
+            thread, ident, name, now, cell, parent_name, parent_tid, stack, preexisting, internal, claimed
         )
         if owner is not None:
             record.owners.append(owner)
-        self._add(record)
         return record
+
+    def _parent_record(
+        self, parent_ref: weakref.ref[threading.Thread], parent_ident: int | None, gone: dict[int, ThreadRecord] | None
+    ) -> ThreadRecord | None:
+        """The record of the thread behind ``parent_ref``, also when that thread has ended and been freed since: the
+        record holds the same weak reference (see note_started), and the OS reuses idents at once, so the ident
+        alone is not enough."""
+        record = self._by_ident.get(parent_ident) if parent_ident is not None else None
+        if record is not None and record.thread_ref is parent_ref:
+            return record
+        return gone.get(id(parent_ref)) if gone else None
 
     def adopt_existing(self, *, internal: Callable[[threading.Thread], bool] = lambda _t: False) -> None:
         """Register threads that were running before the extension was loaded."""
@@ -422,8 +475,8 @@ class Registry:
     def _add(self, record: ThreadRecord) -> None:
         # A finished thread's ident can be reused by the OS: the newer record wins.
         version, alive = self._alive_at_prune
-        if version == self._version and record.ident is not None and (thread := record.thread_ref()) is not None:
-            alive[record.ident] = thread  # (if the ident was there, the sizes differ now: _prune looks closer)
+        if version == self._version and record.ident is not None and record.ident not in alive:
+            alive.add(record.ident)  # (an ident already there: the sizes differ now, and _prune looks closer)
             self._alive_at_prune = (version + 1, alive)
         self._version += 1
         self._threads[record.tid] = record
@@ -510,17 +563,17 @@ class Registry:
 
     def _none_ended(self, table: Mapping[int, threading.Thread]) -> bool:
         """True when no thread the last full prune found alive has ended and none was added or removed since: every
-        one still in threading's table under its ident (1000 threads: 30 us, where the full check takes 100)."""
+        one's ident still in threading's table (1000 threads: a few us, where the full check takes 100).
+
+        An ident can only come back to the table through a thread's start, whose registration (which every read
+        drains before it prunes) changes the version; the one exception, a foreign thread's ``_DummyThread``
+        taking a dead thread's ident, leaves that record listed until the next registration (its thread reads as
+        not alive meanwhile: ``ThreadRecord.is_alive`` checks the object).
+        """
         version, alive = self._alive_at_prune
         if version != self._version or len(alive) != len(self._threads):
             return False
-        # Values are compared with ==, identity first. Two distinct threads meet only where an unregistered thread
-        # (a foreign one's _DummyThread) took a dead one's ident: any registration changes the version.
-        try:
-            return alive.items() <= table.items()
-        except Exception:  # a Thread subclass whose __eq__ raises: the full check
-            log.debug("nbcoord: the quick liveness check failed", exc_info=True)
-            return False
+        return table.keys() >= alive
 
     def _prune(self) -> None:
         """Forget finished threads (called under the lock, on every read: the liveness test is inlined)."""
@@ -548,8 +601,8 @@ class Registry:
                 if not siblings:
                     self._by_cell.pop(id(record.cell), None)
         if table is not None:
-            threads = {r.ident: t for r in self._threads.values() if r.ident is not None and (t := r.thread_ref())}
-            self._alive_at_prune = (self._version, threads) if len(threads) == len(self._threads) else (-1, {})
+            idents = {r.ident for r in self._threads.values() if r.ident is not None}
+            self._alive_at_prune = (self._version, idents) if len(idents) == len(self._threads) else (-1, set())
 
     # --------------------------------------------------------------------------------------------- zombies
     def zombie_reasons(

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from ._callbacks import Callbacks
-from ._internals import current_frames
+from ._internals import calling_frame, current_frames
 from ._registry import CellInfo, Registry, ThreadFailure, ThreadRecord
 
 if TYPE_CHECKING:  # their modules import this one
@@ -338,6 +339,11 @@ class SnapshotBuilder:
     def build(self, *, stacks: bool = False, include_internal: bool = False) -> Snapshot:
         """Take one snapshot. ``stacks`` adds every thread's current stack (slower)."""
         frames = current_frames()
+        # This thread (the one taking the snapshot) is running, here; current_frames leaves it out.
+        own = calling_frame(0)
+        if own is not None:
+            frames[threading.get_ident()] = own
+        del own
         records = self._registry.records(include_internal=include_internal)
         grace = self._grace_period()
         threads: list[ThreadRow] = []
@@ -345,20 +351,23 @@ class SnapshotBuilder:
         # records() has just pruned the finished: every one is alive. The common case, a kept row whose state did
         # not change, is inlined here (the row itself, shared): 1000 threads in well under a millisecond.
         frame = None
-        for record in records:
-            ident = record.ident
-            frame = frames.get(ident) if ident is not None else None
-            cached = record.row_cache
-            if cached is not None and not stacks:
-                state = "finished" if frame is None else "waiting" if frame.f_code.co_name in _WAITING else "running"
-                if cached["state"] == state:
-                    append(cached)  # type: ignore[arg-type]
-                    continue
-            append(self.thread_row(record, frame, stacks=stacks, grace=grace, alive=True))
-        # Frames held longer would keep what they refer to alive, to be finalized later in this thread (see
-        # Registry.sample_activity).
-        frames.clear()
-        del frame
+        try:
+            for record in records:
+                ident = record.ident
+                frame = frames.get(ident) if ident is not None else None
+                cached = record.row_cache
+                if cached is not None and not stacks:
+                    co_name = frame.f_code.co_name if frame is not None else None
+                    state = "finished" if frame is None else "waiting" if co_name in _WAITING else "running"
+                    if cached["state"] == state:
+                        append(cached)  # type: ignore[arg-type]
+                        continue
+                append(self.thread_row(record, frame, stacks=stacks, grace=grace, alive=True))
+        finally:
+            # Frames held longer would keep what they refer to alive, to be finalized later in this thread (see
+            # Registry.sample_activity); this frame in the dict that this frame holds is a cycle until cleared.
+            frames.clear()
+            del frame
         snapshot = Snapshot(
             schema=SCHEMA_VERSION,
             taken_at=time.time(),

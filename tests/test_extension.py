@@ -7,6 +7,7 @@ The shell is process-wide, so every test starts and ends with nbcoord unloaded (
 from __future__ import annotations
 
 import copy
+import gc
 import json
 import logging
 import os
@@ -649,6 +650,81 @@ def test_a_failing_thread_registration_never_breaks_the_thread(
         )
     assert cell.result.success and loaded.user_ns["seen"] == [1]
     assert any("could not register thread" in r.getMessage() and r.exc_info for r in caplog.records)
+
+
+# ------------------------------------------------------------------------------------------------ lifetimes
+LIFETIME_CELL = """
+import threading, weakref
+class Held:
+    pass
+go = threading.Event()
+refs = {}
+def work():
+    held = Held()
+    refs["held"] = weakref.ref(held)
+    go.wait(30)
+t = threading.Thread(target=work)
+refs["thread"] = weakref.ref(t)
+t.start()
+"""
+
+
+@pytest.fixture
+def no_collector() -> Iterator[None]:
+    """Only reference counting frees objects (what a thread's frame held must go when the thread ends, as it does
+    without nbcoord, not whenever the cycle collector next runs)."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+@pytest.mark.parametrize("with_nbcoord", [False, True], ids=["without", "with"])
+def test_a_finished_thread_and_what_its_frame_held_are_freed_at_once(
+    shell: Any, no_collector: None, with_nbcoord: bool
+) -> None:
+    if with_nbcoord:
+        ok(shell, "%load_ext nbcoord")
+        extension().monitor.stop()  # the test takes the monitor's samples itself, at the worst moment
+    ok(shell, LIFETIME_CELL)
+    refs = shell.user_ns["refs"]
+    wait_until(lambda: "held" in refs, 10, what="the thread's local")
+    if with_nbcoord:
+        extension().monitor.tick()  # the activity sample reads every thread's frame while the thread waits
+        nbcoord.snapshot(stacks=True)
+        magic(shell, "threads --stacks")
+    ok(shell, "go.set(); t.join(); del t")
+    assert refs["held"]() is None, "a local of the finished thread is still alive"
+    assert refs["thread"]() is None, "the finished Thread object is still alive"
+
+
+def test_a_thread_that_ends_before_it_is_registered_is_freed_and_its_children_keep_their_cell(
+    loaded: Any, no_collector: None
+) -> None:
+    extension().monitor.stop()  # no read of the registry between the start and the end but the test's own
+    cell = ok(
+        loaded,
+        "import threading, weakref\n"
+        "go = threading.Event()\n"
+        "def child():\n"
+        "    go.wait(30)\n"
+        "def parent():\n"
+        "    threading.Thread(target=child, name='orphan-child').start()\n"
+        "p = threading.Thread(target=parent, name='short-parent')\n"
+        "p.start(); p.join()\n"
+        "parent_ref = weakref.ref(p)\n"
+        "del p",
+    )
+    assert loaded.user_ns["parent_ref"]() is None, "the finished parent is kept alive by its queued start"
+    count = cell.result.execution_count
+    try:
+        rows = [row for row in nbcoord.snapshot()["threads"] if row["name"] == "orphan-child"]
+        assert [row["cell"] for row in rows] == [count], rows
+        assert "short-parent" not in [row["name"] for row in nbcoord.snapshot()["threads"]]
+    finally:
+        loaded.user_ns["go"].set()
 
 
 # -------------------------------------------------------------------------------------------- thread failures
