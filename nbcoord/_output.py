@@ -24,10 +24,13 @@ connection until the cell runs again, so a ``display_data`` whose parent is a fi
 cell's output area, and a later ``update_display_data`` is matched by its ``display_id``
 (``KernelConnection._handleDisplayId``) and never shown under the cell that runs. What is lost: output for a
 finished cell that a page reloaded after it ran (its futures are gone; the text stays in ``%nbcoord``), and
-in unattended runs (nbclient, nbconvert, papermill listen to a request only while it runs). ipykernel's own
-thread routing differs by line: 6.x sends a thread's text with the starting cell's header (unbounded, the whole
-stream); 7.1+ sends it under the latest request unless the thread calls ``set_thread_parent``. nbcoord's route
-is the same on both.
+in unattended runs (nbclient, nbconvert, papermill listen to a request only while it runs).
+
+Where the kernel routes a thread's text itself, nbcoord leaves it alone: ipykernel 6.x sends a cell's threads' text
+with that cell's header (unbounded, the whole stream), and on both lines a thread can set its own parent
+(``set_parent``, ``set_thread_parent``). A thread whose stream header is not the kernel's latest request is the
+kernel's to route, from then on (also after it resets its parent); ipykernel 7.1+ otherwise sends a thread's text
+under the latest request, which is what nbcoord moves.
 
 How. The kernel's two ``OutStream`` objects get nbcoord's ``write`` in front of their own (the objects, their
 class and ``sys.stdout`` stay as they are; IPython 9's per-cell wrapper, which keeps a cell's output in its history,
@@ -48,6 +51,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import sys
 import threading
 import time
 import traceback
@@ -176,6 +180,9 @@ class _Writer:
     key: str
     home: CellInfo
     record: ThreadRecord
+    #: The kernel routes this thread's text itself (ipykernel 6's own thread routing, or the thread set its parent
+    #: with ``set_parent``/``set_thread_parent``, even if it reset it since): nbcoord leaves it alone from then on.
+    kernel_routes: bool = False
 
 
 @dataclass
@@ -331,6 +338,10 @@ class OutputRouter:
         self._undo: list[Callable[[], None]] = []
         self._original_stderr: Callable[[str], Any] | None = None
         self._publish: Callable[[str, dict[str, Any], dict[str, Any] | None], None] | None = None
+        #: The kernel's latest shell request, whatever the calling thread set (ipykernel's public
+        #: ``Kernel.get_parent("shell")``, 6.0+); None: not a kernel, and no thread's parent is judged.
+        self._latest_request: Callable[[str], Any] | None = getattr(getattr(self._shell, "kernel", None),
+                                                                    "get_parent", None)
         self._display_ids = itertools.count(1)
         self._last_send = -1e9
         self._logged: set[str] = set()
@@ -392,8 +403,6 @@ class OutputRouter:
 
     def _find_route(self) -> str | None:
         """None when the kernel's streams and display publisher are ipykernel's; else why not."""
-        import sys
-
         iostream = sys.modules.get("ipykernel.iostream")
         out_stream = getattr(iostream, "OutStream", None)
         if out_stream is None or not all(isinstance(s, out_stream) for s in (sys.stdout, sys.stderr)):
@@ -413,8 +422,6 @@ class OutputRouter:
     def _wrap(self, name: str) -> None:
         """Put the router's ``write`` under the stream's ``write`` (see :func:`_tee_cell`), or make it the stream's
         ``write`` where nothing wraps it."""
-        import sys
-
         stream = getattr(sys, name)
         cell = _tee_cell(stream.__dict__.get("write"), lambda _found: True)
         had_own = "write" in stream.__dict__
@@ -426,7 +433,7 @@ class OutputRouter:
         def write(text: str, *args: Any, **kwargs: Any) -> Any:
             if router._routing and get_ident() != main_ident:
                 try:
-                    if router._route(text):
+                    if router._route(text, stream):
                         return len(text)
                 except Exception:
                     router._log_once("write", "nbcoord: routing a thread's output failed; it goes to the kernel")
@@ -555,13 +562,18 @@ class OutputRouter:
             local.writer = writer
         return writer
 
-    def _route(self, text: str, *, failed: bool = False) -> bool:
+    def _route(self, text: str, stream: Any, *, failed: bool = False) -> bool:
         """Take ``text`` from the calling thread into its cell's area; False when it is not ours to route (not a
-        cell's thread, its cell still runs, not a str)."""
+        cell's thread, its cell still runs, the kernel routes this thread itself, not a str)."""
         if not isinstance(text, str):
             return False
         writer = self._writer()
-        if writer is None or writer.home is self._registry.current_cell():
+        if writer is None or writer.kernel_routes:
+            return False
+        if self._kernel_routes(stream):
+            writer.kernel_routes = True
+            return False
+        if writer.home is self._registry.current_cell():
             return False
         area = self._areas.get(writer.key)
         if area is None:
@@ -571,6 +583,21 @@ class OutputRouter:
         if now - area.sent_at >= UPDATE_INTERVAL_S and now - self._last_send >= MIN_SEND_GAP_S:
             self._send(area, blocking=False)
         return True
+
+    def _kernel_routes(self, stream: Any) -> bool:
+        """Whether ``stream`` sends the calling thread's text with a parent of the kernel's choosing or the thread's
+        own, rather than the latest request's: ipykernel 6 gives a cell's threads that cell's header, and
+        ``set_parent``/``set_thread_parent`` give a thread one on every line. Either way that text already goes
+        where its owner meant it to, and nbcoord must not move it (ipykernel's own tests check exactly that).
+        Read through public names: ``OutStream.parent_header`` (the calling thread's, else the latest request's)
+        and ``Kernel.get_parent("shell")`` (the latest request's, in any thread; the shell's own
+        ``parent_header`` is the calling thread's on ipykernel 7.4)."""
+        latest_request = self._latest_request
+        header = getattr(stream, "parent_header", None)
+        if latest_request is None or not isinstance(header, dict) or not header:
+            return False
+        latest = _header_of(latest_request("shell"))
+        return latest is not None and header.get("msg_id") != latest.get("msg_id")
 
     def _new_area(self, writer: _Writer) -> _Area:
         with self._lock:
@@ -601,7 +628,7 @@ class OutputRouter:
         text = f"Exception in thread {thread.name}:\n" + "".join(
             traceback.format_exception(exc_type, args.exc_value, args.exc_traceback)
         )
-        if not self._route(text, failed=True) and self._original_stderr is not None:
+        if not self._route(text, sys.stderr, failed=True) and self._original_stderr is not None:
             # Its cell still runs: the traceback belongs there, where Python's own hook would have printed it.
             self._original_stderr(text)
 

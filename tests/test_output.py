@@ -27,15 +27,15 @@ pytestmark = pytest.mark.kernel
 
 REPO = Path(__file__).resolve().parents[1]
 IK6_PYTHON = REPO / ".venv-ik6" / "bin" / "python"
-#: ipykernel 7 on every kernel interpreter (3.10 has IPython 8, without its per-cell stream wrapper), and 6.
-PYTHONS = [
-    *[pytest.param(p.values[0], id=f"ipykernel7-{p.id}") for p in KERNEL_PYTHONS],
-    pytest.param(
-        str(IK6_PYTHON),
-        id="ipykernel6",
-        marks=pytest.mark.skipif(not IK6_PYTHON.exists(), reason=f"no ipykernel 6 environment at {IK6_PYTHON}"),
-    ),
-]
+IK6 = pytest.param(
+    str(IK6_PYTHON),
+    id="ipykernel6",
+    marks=pytest.mark.skipif(not IK6_PYTHON.exists(), reason=f"no ipykernel 6 environment at {IK6_PYTHON}"),
+)
+#: ipykernel 7 on every kernel interpreter (3.10 has IPython 8, without its per-cell stream wrapper).
+PYTHONS7 = [pytest.param(p.values[0], id=f"ipykernel7-{p.id}") for p in KERNEL_PYTHONS]
+#: And ipykernel 6, which routes a cell's threads' text to that cell itself (nbcoord then leaves it alone).
+PYTHONS = [*PYTHONS7, IK6]
 
 #: Loads nbcoord and the route. The `_output.install` line is unnecessary once the extension's load installs it.
 INSTALL = """import threading
@@ -126,14 +126,29 @@ class RecordingKernel(Kernel):
         return "".join(m["content"]["text"] for m in self.messages if m["msg_type"] == "stream")
 
 
-@pytest.fixture(params=PYTHONS)
-def kernel(request: pytest.FixtureRequest) -> Iterator[RecordingKernel]:
-    k = RecordingKernel(request.param)
+def _loaded(python: str) -> Iterator[RecordingKernel]:
+    k = RecordingKernel(python)
     try:
         k.run(INSTALL)
         yield k
     finally:
         k.close()
+
+
+@pytest.fixture(params=PYTHONS)
+def kernel(request: pytest.FixtureRequest) -> Iterator[RecordingKernel]:
+    yield from _loaded(request.param)
+
+
+@pytest.fixture(params=PYTHONS7)
+def routing_kernel(request: pytest.FixtureRequest) -> Iterator[RecordingKernel]:
+    """A kernel whose ipykernel sends a thread's text under the latest request: the text nbcoord routes."""
+    yield from _loaded(request.param)
+
+
+@pytest.fixture(params=[IK6])
+def kernel6(request: pytest.FixtureRequest) -> Iterator[RecordingKernel]:
+    yield from _loaded(request.param)
 
 
 @pytest.fixture
@@ -162,7 +177,8 @@ printed.wait(10)
 """
 
 
-def test_thread_output_goes_to_the_cell_that_started_it(kernel: RecordingKernel) -> None:
+def test_thread_output_goes_to_the_cell_that_started_it(routing_kernel: RecordingKernel) -> None:
+    kernel = routing_kernel
     a_id = kernel.submit(WORKER)
     a = kernel.collect(a_id)
     assert a.status == "ok"
@@ -190,6 +206,68 @@ def test_thread_output_goes_to_the_cell_that_started_it(kernel: RecordingKernel)
     (thread,) = row["threads"]
     assert thread["name"] == "worker" and thread["cell"] == count and thread["failed"] is True
     assert thread["lines"] >= 4 and thread["tid"].startswith("t")
+
+
+def stream_text_by_parent(kernel: RecordingKernel) -> dict[str, str]:
+    """Every stream message's text, joined by the request it was sent under."""
+    found: dict[str, str] = {}
+    for msg in kernel.messages:
+        if msg["msg_type"] == "stream":
+            parent = msg["parent_header"].get("msg_id", "")
+            found[parent] = found.get(parent, "") + msg["content"]["text"]
+    return found
+
+
+def test_ipykernel6_routes_a_cells_threads_itself_and_nbcoord_leaves_it(kernel6: RecordingKernel) -> None:
+    kernel = kernel6
+    a_id = kernel.submit(WORKER)
+    assert kernel.collect(a_id).status == "ok"
+    b = kernel.run('print("cell B runs"); go.set(); t.join(10); sys.stderr.flush(); sys.stdout.flush()')
+    by_parent = wait_until(
+        lambda: kernel.pump() or ("RuntimeError: worker failed" in stream_text_by_parent(kernel).get(a_id, "")
+                                  and stream_text_by_parent(kernel)),
+        20, 0.05, "the worker's text and traceback under cell A, as ipykernel 6 sends them",
+    )
+    assert "worker: line 1\nworker: line 2\n" in by_parent[a_id]
+    assert "UserWarning: worker warning" in by_parent[a_id]
+    assert kernel.areas() == {}, "nbcoord moved text that ipykernel 6 routes itself"
+    assert "cell B runs" in b.stdout and "worker:" not in b.text
+
+
+EXPLICIT_PARENT = """
+parent = get_ipython().get_parent()
+step, done = threading.Event(), threading.Event()
+def worker():
+    token = get_ipython().set_thread_parent(parent)
+    print("own parent, while its cell runs", flush=True)
+    step.wait(30); step.clear()
+    print("own parent, after its cell", flush=True)
+    get_ipython().reset_thread_parent(token)
+    done.set()
+    step.wait(30)
+    print("parent reset", flush=True)
+t = threading.Thread(target=worker)
+t.start()
+"""
+
+
+def test_a_thread_that_sets_its_own_parent_is_left_to_the_kernel(kernel7: RecordingKernel) -> None:
+    kernel = kernel7  # set_thread_parent: ipykernel 7.4 (7.3, the last for Python 3.10, has only set_parent)
+    a_id = kernel.submit(EXPLICIT_PARENT)
+    assert kernel.collect(a_id).status == "ok"
+    b_id = kernel.submit("step.set(); done.wait(10)")
+    kernel.collect(b_id)
+    c_id = kernel.submit("step.set(); t.join(10); sys.stdout.flush()")
+    kernel.collect(c_id)
+    by_parent = wait_until(
+        lambda: kernel.pump() or ("parent reset" in stream_text_by_parent(kernel).get(c_id, "")
+                                  and stream_text_by_parent(kernel)),
+        20, 0.05, "the text after the reset, under the cell that runs (ipykernel 7's own routing)",
+    )
+    assert by_parent[a_id] == "own parent, while its cell runs\nown parent, after its cell\n"
+    assert b_id not in by_parent
+    assert by_parent[c_id] == "parent reset\n"
+    assert kernel.areas() == {}, "nbcoord moved text whose parent the thread set"
 
 
 def test_a_flood_is_bounded(kernel7: RecordingKernel) -> None:

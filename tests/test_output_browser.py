@@ -3,8 +3,8 @@
 A thread started by the first cell writes (two lines and a warning) while the second cell runs. The text must appear
 under the first cell, in nbcoord's output area, while the second cell is still running, and never under the second
 cell. This is the front ends' own handling of the messages tests/test_output.py checks (a ``display_data`` whose
-parent is a finished request, then ``update_display_data`` by display id), on ipykernel 7 in both front ends and on
-ipykernel 6 in JupyterLab.
+parent is a finished request, then ``update_display_data`` by display id), on ipykernel 7 in both front ends; on
+ipykernel 6, which sends a cell's threads' text under that cell itself, JupyterLab shows the kernel's own routing.
 
 Until the lead wires ``_output.install`` into the extension's load, the first cell installs it (the ``if`` block of
 :data:`FIRST`); once wired, that block does nothing.
@@ -154,5 +154,18 @@ def test_output_goes_home_in_notebook7(open_notebook: Any) -> None:
 
 
 @pytest.mark.skipif(not IK6_PYTHON.exists(), reason=f"no ipykernel 6 environment at {IK6_PYTHON}")
-def test_output_goes_home_on_ipykernel6(open_notebook: Any) -> None:
-    check_output_goes_home(open_notebook("lab", [FIRST, SECOND], kernel=IK6_KERNEL))
+def test_ipykernel6_sends_it_home_itself_and_nbcoord_leaves_it(open_notebook: Any) -> None:
+    """ipykernel 6 sends a cell's threads' text under that cell as plain stream output: nbcoord moves nothing."""
+    notebook = open_notebook("lab", [FIRST, SECOND], kernel=IK6_KERNEL)
+    notebook.run(0)
+    notebook.wait_done(0)
+    notebook.output(0, "first cell done").wait_for(timeout=30_000)
+    notebook.run(1)
+    notebook.output(1, "second cell runs").wait_for(timeout=30_000)
+    notebook.output(0, "background line 2 from the first cell").wait_for(timeout=30_000)
+    notebook.wait_done(1, timeout=60)
+    running = str(notebook.cells.nth(1).locator(".jp-Cell-outputArea").inner_text())
+    assert "second cell ends" in running and "background line" not in running
+    first = str(notebook.cells.nth(0).locator(".jp-Cell-outputArea").inner_text())
+    assert "background line 1 from the first cell" in first and "UserWarning: background warning" in first
+    assert notebook.page.locator(".jp-OutputArea-output", has_text="nbcoord: output of thread").count() == 0
