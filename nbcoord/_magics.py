@@ -13,6 +13,7 @@ from . import _report
 from ._checks import stop_scope
 from ._config import RUNTIME_SETTINGS
 from ._lifecycle import Extension
+from ._text import printable
 
 COMMANDS = ("report", "threads", "zombies", "json", "stop", "config", "mem", "panel", "restart", "reclaim")
 _STOP_OPTIONS = ("grace", "force", "cell", "thread", "zombies")
@@ -34,6 +35,12 @@ def parse_setting(name: str, text: str) -> float | int | bool:
         return kind(text)  # type: ignore[no-any-return]
     except ValueError:
         raise UsageError(f"{name} takes a number, not {text!r}.") from None
+
+
+def _say(text: str) -> None:
+    """Print a report: a name that got past the report's own escaping still cannot recolour, rewrite or reorder
+    the lines around it (Jupyter renders ANSI codes and carriage returns)."""
+    print(printable(text, keep="\n"))
 
 
 @magics_class
@@ -101,7 +108,7 @@ class NBCoordMagics(Magics):
     # ---------------------------------------------------------------------------------------- commands
     def _cmd_report(self, args: Any) -> None:
         snapshot = self.extension.snapshot(stacks=args.stacks)
-        print(
+        _say(
             _report.report(
                 snapshot,
                 show_all=args.all,
@@ -118,13 +125,13 @@ class NBCoordMagics(Magics):
         lines += _report.threads_section(
             snapshot, rows, stacks=args.stacks, limit=self.extension.config.max_report_threads
         )
-        print("\n".join(lines))
+        _say("\n".join(lines))
 
     def _cmd_zombies(self, args: Any) -> None:
-        print(_report.zombies_report(self.extension.snapshot(stacks=args.stacks), stacks=args.stacks))
+        _say(_report.zombies_report(self.extension.snapshot(stacks=args.stacks), stacks=args.stacks))
 
     def _cmd_json(self, args: Any) -> None:
-        print(_report.to_json(self.extension.snapshot(stacks=args.stacks)))
+        _say(_report.to_json(self.extension.snapshot(stacks=args.stacks)))
 
     def _cmd_stop(self, args: Any) -> None:
         try:
@@ -132,7 +139,7 @@ class NBCoordMagics(Magics):
             report = self.extension.stop(kind, grace=args.grace, force=args.force, cell=cell, tid=tid)
         except (ValueError, TypeError) as exc:
             raise UsageError(str(exc)) from None
-        print(_report.stop_report(report))
+        _say(_report.stop_report(report))
 
     def _cmd_config(self, args: Any) -> None:
         config = self.extension.config
@@ -154,7 +161,7 @@ class NBCoordMagics(Magics):
         self.extension.probe.invalidate()  # a fresh read: what started a moment ago is counted
         snapshot = self.extension.snapshot()
         lines = _report.resources_section(snapshot, details=True) or ["nbcoord: no resource data."]
-        print("\n".join(lines))
+        _say("\n".join(lines))
 
     def _cmd_restart(self, args: Any) -> None:
         if len(args.settings) != 1:
@@ -165,10 +172,10 @@ class NBCoordMagics(Magics):
             report = nbcoord.restart_runners(args.settings[0], grace=args.grace)
         except (ValueError, TypeError, RuntimeError) as exc:
             raise UsageError(str(exc)) from None
-        print(report["text"])
+        _say(report["text"])
 
     def _cmd_reclaim(self, args: Any) -> None:
-        print(self.extension.reclaim(outputs=args.outputs)["text"])
+        _say(self.extension.reclaim(outputs=args.outputs)["text"])
 
     def _cmd_panel(self, args: Any) -> Any:
         return self.extension.panel()

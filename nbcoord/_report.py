@@ -11,6 +11,7 @@ from typing import Any
 from ._probes import format_bytes
 from ._snapshot import Snapshot, ThreadRow
 from ._stop import StopReport
+from ._text import TEXT_CHARS, shown
 
 
 def zombie_text(reasons: Iterable[Mapping[str, Any]], cell: int | None, now: float) -> str:
@@ -37,7 +38,7 @@ def _owners(row: ThreadRow) -> str:
 
 def thread_line(row: ThreadRow, now: float, *, stacks: bool = False, output: str | None = None) -> str:
     """One thread as one line (plus its stack when asked); ``output``: where its background output went."""
-    parts = [f"{row['tid']:>5}  {row['name']!s}", row["state"]]
+    parts = [f"{row['tid']:>5}  {shown(row['name'])}", row["state"]]
     if row["zombie"]:
         parts.append(f"ZOMBIE: {zombie_text(row['zombie_reasons'], row['cell'], now)}")
     parts.append("daemon" if row["daemon"] else "non-daemon")
@@ -51,12 +52,12 @@ def thread_line(row: ThreadRow, now: float, *, stacks: bool = False, output: str
     if row["cpu_s"] is not None:
         parts.append(f"cpu {row['cpu_s']:.2f} s")
     if row["last_exception"]:
-        parts.append(f"last exception: {row['last_exception']}")
+        parts.append(f"last exception: {shown(row['last_exception'], TEXT_CHARS)}")
     if output:
         parts.append(output)
     line = " | ".join(parts)
     if stacks and row["stack"]:
-        line += "\n" + "\n".join(f"          {frame}" for frame in row["stack"])
+        line += "\n" + "\n".join(f"          {shown(frame, TEXT_CHARS)}" for frame in row["stack"])
     return line
 
 
@@ -66,7 +67,7 @@ def _cell_title(snapshot: Snapshot, cell: int | None) -> str:
     info = next((c for c in snapshot["cells"] if c["execution_count"] == cell), None)
     if info is None:
         return f"Cell [{cell}]"
-    return f"Cell [{cell}] ({info['outcome']}): {info['first_line']}"
+    return f"Cell [{cell}] ({info['outcome']}): {shown(info['first_line'], TEXT_CHARS)}"
 
 
 def _sort_key(row: ThreadRow) -> tuple[int, int, float]:
@@ -157,7 +158,7 @@ def ledger_section(snapshot: Snapshot) -> list[str]:
     lines = ["Also running:"]
     for row in rows:
         where = f"cell [{row['cell']}]" if row["cell"] is not None else "not started by a cell"
-        parts = [f"{row['id']:>8}  {row['label']}", row["state"], where]
+        parts = [f"{row['id']:>8}  {shown(row['label'])}", row["state"], where]
         if row["zombie"]:
             parts.append(f"ZOMBIE: {zombie_text(row['zombie_reasons'], row['cell'], now)}")
         if row["pids"]:
@@ -189,7 +190,7 @@ def queues_section(snapshot: Snapshot) -> list[str]:
         if q.get("stuck_runners"):
             feeders += f", {q['stuck_runners']} stuck"
         filled = f"{size if size is not None else '?'} of {cap}"
-        lines.append(f"  {q.get('name')}: {filled} ({state}{rates}{feeders}{session})")
+        lines.append(f"  {shown(q.get('name'))}: {filled} ({state}{rates}{feeders}{session})")
     return lines
 
 
@@ -219,8 +220,9 @@ def failures_section(snapshot: Snapshot) -> list[str]:
     lines = ["Thread failures:"]
     for f in snapshot["failures"][-10:]:
         where = f" (cell [{f['cell']}])" if f["cell"] is not None else ""
-        lines.append(f"  {f['thread_name']}{where}: {f['exc_type']}: {f['message']}")
-        lines += [f"    {note}" for note in f.get("notes", [])[:1]]
+        message = shown(f["message"], TEXT_CHARS)
+        lines.append(f"  {shown(f['thread_name'])}{where}: {shown(f['exc_type'])}: {message}")
+        lines += [f"    {shown(note, TEXT_CHARS)}" for note in f.get("notes", [])[:1]]
     return lines
 
 
@@ -241,11 +243,11 @@ def outputs_section(snapshot: Snapshot) -> list[str]:
     lines = ["Background output (under the cell that started each thread):"]
     for area in areas:
         threads = ", ".join(
-            f"{t['name']} ({t['tid']}{', failed' if t['failed'] else ''})" for t in area["threads"][:5]
+            f"{shown(t['name'])} ({t['tid']}{', failed' if t['failed'] else ''})" for t in area["threads"][:5]
         ) + (" ..." if len(area["threads"]) > 5 else "")
-        shown = f", the last {area['shown']:,} shown" if area["hidden"] else ""
-        last = f"; last: {area['last_lines'][-1][:120]}" if area["last_lines"] else ""
-        lines.append(f"  cell [{area['cell']}]: {area['lines']:,} line(s) from {threads}{shown}{last}")
+        kept = f", the last {area['shown']:,} shown" if area["hidden"] else ""
+        last = f"; last: {shown(area['last_lines'][-1], 120)}" if area["last_lines"] else ""
+        lines.append(f"  cell [{area['cell']}]: {area['lines']:,} line(s) from {threads}{kept}{last}")
     return lines
 
 
@@ -295,7 +297,8 @@ def _native_threads_lines(threads: list[dict[str, Any]], top: int = 20) -> list[
     for thread in sorted(threads, key=lambda t: -float(t.get("cpu_s") or 0.0))[:top]:
         name = thread.get("python_name") or thread.get("name") or "?"
         kind = "" if thread.get("python_name") is not None else " (native)"
-        lines.append(f"  {thread.get('native_id')}  {name}{kind}: cpu {float(thread.get('cpu_s') or 0):.2f} s")
+        cpu = float(thread.get("cpu_s") or 0)
+        lines.append(f"  {thread.get('native_id')}  {shown(name)}{kind}: cpu {cpu:.2f} s")
     if len(threads) > top:
         lines.append(f"  ... and {len(threads) - top} more (%nbcoord json has them all)")
     return lines
@@ -309,7 +312,7 @@ def _children_lines(children: list[dict[str, Any]]) -> list[str]:
         cell = f"cell [{child['cell']}]" if child.get("cell") is not None else "not started by a cell"
         lines.append(
             f"  {child.get('pid')}  {child.get('status')}  {format_bytes(child.get('rss'))}  {cell}: "
-            f"{child.get('cmdline')}"
+            f"{shown(child.get('cmdline'), TEXT_CHARS)}"
         )
     return lines
 
@@ -332,15 +335,16 @@ def stop_report(stop: StopReport) -> str:
     """A stop's report as text: what stopped, what is still alive and why."""
     lines = [f"nbcoord stop ({stop['scope']}): " + stop_summary(stop)]
     for row in stop["stopped"]:
-        lines.append(f"  stopped: {row['name']} ({row['tid']})" + (" [forced]" if row["reason"] == "forced" else ""))
+        forced = " [forced]" if row["reason"] == "forced" else ""
+        lines.append(f"  stopped: {shown(row['name'])} ({row['tid']}){forced}")
     for row in stop["alive"]:
-        lines.append(f"  STILL ALIVE: {row['name']} ({row['tid']}): {row['reason']}")
+        lines.append(f"  STILL ALIVE: {shown(row['name'])} ({row['tid']}): {shown(row['reason'], TEXT_CHARS)}")
     for item in stop.get("items", []):
         state = "stopped" if item["stopped"] else "STILL ALIVE"
-        reason = f": {item['reason']}" if item["reason"] else ""
-        lines.append(f"  {state}: {item['label']} ({item['id']}){reason}")
+        reason = f": {shown(item['reason'], TEXT_CHARS)}" if item["reason"] else ""
+        lines.append(f"  {state}: {shown(item['label'])} ({item['id']}){reason}")
     for err in stop["stopper_errors"]:
-        lines.append(f"  stopper {err['stopper']} failed: {err['error']}")
+        lines.append(f"  stopper {shown(err['stopper'])} failed: {shown(err['error'], TEXT_CHARS)}")
     if stop["children"]["alive"]:
         lines.append(f"  child processes still alive: {stop['children']['alive']}")
     return "\n".join(lines)

@@ -410,6 +410,9 @@ def test_a_profile_cannot_set_a_non_finite_number(shell: Any) -> None:
         ("nbcoord.wait_for_stop()", RuntimeError, "wait_for_stop() without a timeout would wait forever"),
         ("nbcoord.wait_for_stop(-1)", ValueError, "timeout must be between 0 and 86400 seconds"),
         ("nbcoord.wait_for_stop(float('nan'))", ValueError, "timeout must be a finite number"),
+        ("nbcoord.stop_all(grace=10**400)", ValueError, "grace must be between 0 and 86400 seconds"),
+        ("nbcoord.wait_for_stop(-10**400)", ValueError, "timeout must be between 0 and 86400 seconds"),
+        ("nbcoord.snapshot(stacks='yes')", TypeError, "stacks must be True or False"),
     ],
 )
 def test_bad_api_arguments_raise_before_anything_runs(loaded: Any, call: str, error: type, message: str) -> None:
@@ -650,6 +653,34 @@ def test_a_failing_thread_registration_never_breaks_the_thread(
         )
     assert cell.result.success and loaded.user_ns["seen"] == [1]
     assert any("could not register thread" in r.getMessage() and r.exc_info for r in caplog.records)
+
+
+HOSTILE_NAMES = """
+import threading
+hold = threading.Event()
+names = ["worker\\r    t99  all clear", "bell\\x07nul\\x00esc\\x1b[31mred", "\\u202eevil-rtl.exe", "long" * 25_000]
+for name in names:
+    threading.Thread(target=hold.wait, args=(30,), name=name).start()
+bad = "\\x1b[2J" + "x" * 5000
+"""
+
+
+def test_reports_show_names_as_text_cut_to_a_stated_length(loaded: Any) -> None:
+    ok(loaded, HOSTILE_NAMES)
+    try:
+        ok(loaded, "bad")  # a cell whose first line carries an escape, for the cell titles
+        for line in ("", "threads", "threads --all --stacks", "zombies", "stop --grace 0.01"):
+            text = magic(loaded, line)
+            raw = [char for char in text if not char.isprintable() and char != "\n"]
+            assert raw == [], f"%nbcoord {line}: raw control or bidi characters {sorted(set(raw))!r}"
+            longest = max(len(row) for row in text.splitlines())
+            assert longest < 1_000, f"%nbcoord {line}: a line of {longest:,} characters"
+        report = magic(loaded, "threads")
+        assert "worker\\x0d    t99  all clear" in report  # shown as its escape, on its own line
+        assert "\\u202eevil-rtl.exe" in report
+        assert "longlong... [99,800 more characters]" in report
+    finally:
+        loaded.user_ns["hold"].set()
 
 
 # ------------------------------------------------------------------------------------------------ lifetimes
