@@ -18,6 +18,8 @@ back, for the report. Tests remove each internal (monkeypatch) and check the fal
   activity); else no creation stacks or executor owners, and every thread's state is unknown (no stacks).
 - ``ModuleSpec._initializing`` (importlib): whether a module in ``sys.modules`` is still being imported (the
   post-import hook then waits for the end of its import); else a module found there counts as imported.
+- ``OutStream._original_stdstream_copy`` (ipykernel): the process's standard error as the kernel's parent gave it,
+  where ipykernel captures file descriptor 2 into the running cell (7.x); else ``sys.__stderr__``.
 
 Elsewhere, each in one place with its own table: ipykernel's names for the panel's fast route in
 :mod:`nbcoord._fastcomm` (``shell_channel_thread``, ``shell_stream._recv_callback``, ``control_handlers``,
@@ -40,7 +42,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from types import CodeType, FrameType
-from typing import Any
+from typing import Any, TextIO
 
 from ._fallbacks import Fallbacks
 
@@ -232,6 +234,33 @@ def current_frames() -> dict[int, FrameType]:
     result: dict[int, FrameType] = frames()
     result.pop(threading.get_ident(), None)
     return result
+
+
+def log_stream() -> TextIO | None:
+    """A stream of nbcoord's own onto the process's standard error as the kernel's parent gave it (the Jupyter
+    server's log), never the running cell; None: write nowhere. The caller closes it.
+
+    ipykernel 7 points file descriptor 2 at a pipe whose text it sends to the running cell (``sys.__stderr__``
+    writes there too) and keeps the original descriptor as ``_original_stdstream_copy`` on its stream. A
+    duplicate of it is ours to close: ipykernel closes its own at shutdown, and a number it closed could be reused
+    by another file. Fallback, where ipykernel captures nothing or the name is missing: ``sys.__stderr__``
+    (recorded as a fallback only where fd 2 is captured, i.e. not a terminal or file of the parent's).
+    """
+    original = getattr(sys.stderr, "_original_stdstream_copy", None)
+    if isinstance(original, int):
+        try:
+            return open(os.dup(original), "w", encoding="utf-8", errors="backslashreplace", buffering=1)
+        except OSError:
+            log.debug("nbcoord: could not open the kernel's original standard error", exc_info=True)
+    if getattr(sys.stderr, "_should_watch", False):
+        _fall_back("OutStream._original_stdstream_copy", "nbcoord's log may reach the running cell")
+    stream = sys.__stderr__
+    if stream is None:
+        return None
+    try:
+        return open(os.dup(stream.fileno()), "w", encoding="utf-8", errors="backslashreplace", buffering=1)
+    except (OSError, ValueError):  # a stream without a descriptor (an embedding, a test runner's capture)
+        return None
 
 
 def is_initializing(module: object) -> bool:

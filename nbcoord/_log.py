@@ -2,19 +2,23 @@
 
 A logger without handlers makes Python write its warnings through the last-resort handler to ``sys.stderr``,
 which in a kernel is the output of whichever cell runs. While loaded, nbcoord's logger (``"nbcoord"``) has a
-handler on the process's own standard error (``sys.__stderr__``: the terminal or log of the Jupyter server that
-started the kernel). Messages an untrusted peer can cause (a rejected panel command) go through
-:class:`RateLimited`, with values cut to a short prefix by :func:`short`.
+handler on the process's standard error as the kernel's parent gave it (the terminal or log of the Jupyter
+server that started the kernel; ipykernel 7 forwards file descriptor 2 into the running cell, so not that one).
+Messages an untrusted peer can cause (a rejected panel command) go through :class:`RateLimited`, with values cut
+to a short prefix by :func:`short`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import reprlib
-import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
+
+from ._text import printable
 
 log = logging.getLogger("nbcoord")
 
@@ -31,13 +35,46 @@ def short(value: object) -> str:
     return _short.repr(value)
 
 
+class _ServerLogHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """A handler on nbcoord's own stream onto the server's log: a write that fails (the log closed at the
+    kernel's end) is dropped, never reported through Python's logging error print into a cell."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        pass
+
+
+class _EscapingFormatter(logging.Formatter):
+    """One record, one line: a name or value in a message cannot forge log lines (a newline), recolour a terminal
+    (ESC) or reorder what a reader sees (bidi overrides); a traceback keeps its own newlines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return printable(super().formatMessage(record))
+
+    def formatException(self, ei: Any) -> str:
+        return printable(super().formatException(ei), keep="\n")
+
+    def formatStack(self, stack_info: str) -> str:
+        return printable(super().formatStack(stack_info), keep="\n")
+
+
 def install_handler() -> Callable[[], None]:
-    """Send nbcoord's log to the process's standard error; returns the function that removes the handler."""
-    stream = sys.__stderr__
-    handler: logging.Handler = logging.StreamHandler(stream) if stream is not None else logging.NullHandler()
-    handler.setFormatter(logging.Formatter("[nbcoord %(levelname)s %(asctime)s] %(message)s"))
+    """Send nbcoord's log to the process's standard error as the kernel's parent gave it (never the file
+    descriptor ipykernel 7 forwards into the running cell: see :func:`nbcoord._internals.log_stream`); returns the
+    function that removes the handler and closes its stream."""
+    from ._internals import log_stream
+
+    stream = log_stream()
+    handler: logging.Handler = _ServerLogHandler(stream) if stream is not None else logging.NullHandler()
+    handler.setFormatter(_EscapingFormatter("[nbcoord %(levelname)s %(asctime)s] %(message)s"))
     log.addHandler(handler)
-    return lambda: log.removeHandler(handler)
+
+    def remove() -> None:
+        log.removeHandler(handler)
+        if stream is not None:
+            with contextlib.suppress(OSError, ValueError):
+                stream.close()
+
+    return remove
 
 
 class RateLimited:

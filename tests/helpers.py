@@ -53,11 +53,18 @@ class CellResult:
 class Kernel:
     """A real IPython kernel in its own process, with nbcoord importable, and helpers to drive it."""
 
-    def __init__(self, python: str | None = None, env: dict[str, str] | None = None) -> None:
+    def __init__(self, python: str | None = None, env: dict[str, str] | None = None, *, log: bool = False) -> None:
+        """``log``: the kernel's standard error (the Jupyter server's log, where nbcoord logs) goes to a file read by
+        :meth:`log_text` instead of this process's, and its streams are captured as under a server."""
         self._tmp = tempfile.TemporaryDirectory(prefix="nbcoord-kernel-")
+        self.log_path = Path(self._tmp.name) / "kernel-stderr.log" if log else None
         kernel_env = dict(os.environ)
         kernel_env.update({"IPYTHONDIR": self._tmp.name, "PYTHONUNBUFFERED": "1"})
         kernel_env.update(env or {})
+        if log:
+            # As a server starts it: ipykernel 7 then forwards file descriptors 1 and 2 to the running cell, which it
+            # does not do under pytest (it looks for this variable).
+            kernel_env.pop("PYTEST_CURRENT_TEST", None)
         # A kernel spec of our own: jupyter_client 8 ignores KernelManager.kernel_cmd, and a user's python3
         # spec would otherwise decide which interpreter (and which ipykernel) runs.
         spec_dir = Path(self._tmp.name) / "kernels" / "nbcoord-test"
@@ -68,7 +75,11 @@ class Kernel:
         self.km = KernelManager(
             kernel_name="nbcoord-test", kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(spec_dir.parent)])
         )
-        self.km.start_kernel(env=kernel_env, cwd=self._tmp.name)
+        if self.log_path is not None:
+            with self.log_path.open("wb") as log_file:  # the kernel keeps its own descriptor of it
+                self.km.start_kernel(env=kernel_env, cwd=self._tmp.name, stderr=log_file)
+        else:
+            self.km.start_kernel(env=kernel_env, cwd=self._tmp.name)
         self.kc = self.km.client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=60)
@@ -162,6 +173,11 @@ class Kernel:
             return int(self.process.wait(timeout=timeout))
         except Exception:
             return None
+
+    def log_text(self) -> str:
+        """What the kernel wrote to its standard error so far (a kernel started with ``log=True``)."""
+        assert self.log_path is not None, "started without log=True"
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
 
     def close(self) -> None:
         """Stop channels and make sure the process is gone."""

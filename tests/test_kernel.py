@@ -314,3 +314,32 @@ def test_mem_shows_native_threads_and_a_child_started_a_moment_ago(kernel: Kerne
         assert len(child_lines) == 1 and f"cell [{count_of(started)}]" in child_lines[0], out
     finally:
         kernel.run("mem_child.kill(); mem_child.wait(); mem_stop.set()")
+
+
+CHATTER = """
+import logging, threading
+def chatter():
+    for i in range(30):
+        logging.getLogger("nbcoord").warning("probe %d from a thread \\x1b[31m", i)
+print("cell starts", flush=True)
+t = threading.Thread(target=chatter)
+t.start(); t.join()
+print("cell ends", flush=True)
+"""
+
+
+def test_nbcoords_log_goes_to_the_servers_log_never_into_the_running_cell() -> None:
+    # ipykernel 7 points file descriptor 2 (sys.__stderr__ too) at a pipe whose text it sends to the running cell.
+    kernel = Kernel(log=True)
+    try:
+        kernel.run("%load_ext nbcoord")
+        result = kernel.run(CHATTER)
+        wait_until(lambda: "probe 29 from a thread" in kernel.log_text(), 10, 0.05, "nbcoord's log in the kernel's")
+        after = kernel.run("import sys; sys.stderr.flush(); sys.stdout.flush()")
+        assert result.stdout == "cell starts\ncell ends\n" and result.stderr == ""
+        assert "probe" not in after.text
+        assert "\x1b" not in kernel.log_text(), "a control character reached the log raw"
+        kernel.run("%unload_ext nbcoord")
+        assert kernel.evaluate("len(__import__('logging').getLogger('nbcoord').handlers)") == 0
+    finally:
+        kernel.close()
