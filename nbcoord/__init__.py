@@ -116,7 +116,9 @@ def snapshot(*, stacks: bool = False) -> Snapshot:
     stacks
         Include each thread's current stack (slower with many threads).
     """
-    return _require().snapshot(stacks=stacks)  # type: ignore[no-any-return]
+    from ._checks import flag
+
+    return _require().snapshot(stacks=flag("stacks", stacks))  # type: ignore[no-any-return]
 
 
 def stop_all(

@@ -23,7 +23,10 @@ def finite_number(name: str, value: object, *, low: float = 0.0, high: float = M
     values out of range."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number of seconds, not {short(value)}.")
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond any float (10**400): out of range, said with the name
+        raise ValueError(f"{name} must be between {low:g} and {high:g} seconds, not {short(value)}.") from None
     if not math.isfinite(number):
         raise ValueError(f"{name} must be a finite number of seconds, not {short(value)}.")
     if not low <= number <= high:

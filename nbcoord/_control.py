@@ -196,6 +196,12 @@ class ControlRoute:
             _log_rejected("nbcoord: refused a control request (%s): %s", error, short(content))
             self._send(stream, idents, msg, error_reply("invalid", str(error)))
             return
+        except (ArithmeticError, TypeError, ValueError, RecursionError) as error:
+            # A value the schema's checks choked on (a grace of 10**400 overflows a float): still refused, and
+            # answered: a request without a reply leaves the server waiting out its timeout.
+            _log_rejected("nbcoord: refused a malformed control request (%s): %s", type(error).__name__, short(content))
+            self._send(stream, idents, msg, error_reply("invalid", f"malformed request ({type(error).__name__})"))
+            return
         if stop is None:
             self._send(stream, idents, msg, self._summary_reply())
             return
