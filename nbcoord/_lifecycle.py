@@ -27,7 +27,7 @@ from ._registry import CellInfo, CellOutcome, Registry
 from ._shutdown import ShutdownHooks
 from ._snapshot import Snapshot, SnapshotBuilder
 from ._stop import ScopeKind, StopMechanism, StopReport, StopScope, ThreadStopped
-from ._threads import INTERNAL_PREFIX, Monitor, ThreadHooks
+from ._threads import INTERNAL_PREFIX, Monitor, ThreadHooks, kernel_thread_classes
 from .integrations.ledger import current as current_ledger
 from .integrations.ledger import watch as watch_ledger
 from .integrations.tensorflow import watch as watch_tensorflow
@@ -65,7 +65,7 @@ class Extension:
     def __init__(self, shell: Any) -> None:
         self.shell = shell
         self.config = NBCoord(parent=shell)
-        self.registry = Registry(keep_cells=self._cells_in_use)
+        self.registry = Registry(keep_cells=self._cells_in_use, kernel_classes=kernel_thread_classes)
         self.monitor = Monitor(lambda: self.config.monitor_interval)
         self.hooks = ThreadHooks(self.registry, ignore_exception=lambda exc: isinstance(exc, ThreadStopped))
         self.snapshots = SnapshotBuilder(self.registry, lambda: self.config.grace_period, self.cell_of_file)

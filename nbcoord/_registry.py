@@ -210,7 +210,11 @@ class Registry:
     """Thread-safe record of threads and cells for one kernel."""
 
     def __init__(
-        self, *, clock: Callable[[], float] = time.time, keep_cells: Callable[[], Iterable[int]] | None = None
+        self,
+        *,
+        clock: Callable[[], float] = time.time,
+        keep_cells: Callable[[], Iterable[int]] | None = None,
+        kernel_classes: Callable[[], tuple[type, ...]] = tuple,
     ) -> None:
         global _running
         if _running is None:
@@ -219,6 +223,11 @@ class Registry:
         #: Execution counts of cells that something outside the registry still refers to (child processes, stop
         #: reports, callbacks): kept when old cells are forgotten.
         self.keep_cells = keep_cells
+        #: The classes of the kernel's own threads (IPython's history saver, ipykernel's channel threads): a thread
+        #: of one of them is the kernel's even when a cell's code started it (IPython restarts its history thread
+        #: after a fork, from whichever thread forked). Asked once per drain: modules come and go.
+        self._kernel_classes = kernel_classes
+        self._kernel_classes_now: tuple[type, ...] = ()
         # Guards _threads, _by_ident, _cells, _current_cell, _failures and every record's mutable fields.
         self._lock = threading.RLock()
         self._threads: dict[str, ThreadRecord] = {}
@@ -343,6 +352,7 @@ class Registry:
             try:
                 waiting: list[PendingStart] = []
                 gone: dict[int, ThreadRecord] = {}
+                self._kernel_classes_now = self._kernel_classes()
                 pending, register = self._pending, self._register
                 while pending:
                     entry = pending.popleft()
@@ -401,6 +411,8 @@ class Registry:
             cell = main_cell if parent is main else None
             preexisting = claimed = False
             parent_tid = None
+        if cell is not None and thread is not None and isinstance(thread, self._kernel_classes_now):
+            cell = None  # the kernel's own, wherever it was started (its threads then are the kernel's too)
         parent_name = parent.name if parent is not None else parent_record.name if parent_record is not None else None
         if thread is None:
             return ThreadRecord(

@@ -7,6 +7,7 @@ attribute, so ``threading.Thread`` stays the same class and subclasses that call
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -18,12 +19,31 @@ from ._callbacks import Callbacks
 from ._internals import executor_name, executor_shut_down, executor_spawn_code, frame_getter
 from ._registry import INTERNAL_PREFIX, Owner, Registry
 
-__all__ = ["INTERNAL_PREFIX", "Monitor", "ThreadHooks", "executor_owner", "owner_from_caller"]
+__all__ = [
+    "INTERNAL_PREFIX", "Monitor", "ThreadHooks", "executor_owner", "kernel_thread_classes", "owner_from_caller",
+]
 
 log = logging.getLogger("nbcoord")
 
 #: The code of the executor method that starts worker threads (looked up at install; None: not recognised).
 _executor_spawn: CodeType | None = None
+
+
+#: The kernel's own kinds of thread, by module and class: one of them is the kernel's even when a cell's code starts
+#: it (IPython restarts its history-saving thread after every fork, in the forking thread).
+KERNEL_THREAD_CLASSES = (
+    ("IPython.core.history", "HistorySavingThread"),
+    ("ipykernel.thread", "BaseThread"),  # ipykernel 7's control, shell-channel and subshell threads
+    ("ipykernel.control", "ControlThread"),  # ipykernel 6's
+    ("ipykernel.heartbeat", "Heartbeat"),
+    ("ipykernel.parentpoller", "ParentPollerUnix"),
+)
+
+
+def kernel_thread_classes() -> tuple[type, ...]:
+    """The classes of :data:`KERNEL_THREAD_CLASSES` whose modules are imported (never imported here)."""
+    found = (getattr(sys.modules.get(module), name, None) for module, name in KERNEL_THREAD_CLASSES)
+    return tuple(cls for cls in found if isinstance(cls, type))
 
 
 def executor_owner(executor: ThreadPoolExecutor) -> Owner:

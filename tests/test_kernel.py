@@ -343,3 +343,23 @@ def test_nbcoords_log_goes_to_the_servers_log_never_into_the_running_cell() -> N
         assert kernel.evaluate("len(__import__('logging').getLogger('nbcoord').handlers)") == 0
     finally:
         kernel.close()
+
+
+def test_the_history_thread_ipython_restarts_after_a_fork_in_a_cell_stays_the_kernels(kernel: Kernel) -> None:
+    # IPython 9 stops its history-saving thread before a fork and starts a new one when the next cell's input is
+    # stored: in the main thread, during that cell.
+    fork = kernel.run("import os\npid = os.fork()\nif pid == 0:\n    os._exit(0)\nos.waitpid(pid, 0)")
+    assert fork.status == "ok", fork.text
+    cell = kernel.run(
+        "history = get_ipython().history_manager.save_thread\n"
+        "print(type(history).__name__, history is not None and history.is_alive())"
+    )
+    assert cell.status == "ok", cell.text
+    if "HistorySavingThread True" not in cell.stdout:
+        pytest.fail(f"this IPython did not restart its history thread after the fork: {cell.stdout!r}")
+    rows = kernel.evaluate(
+        "[(r['name'], r['cell'], r['user']) for r in __import__('nbcoord').snapshot()['threads']"
+        " if r['tid'] and r['name'] == history.name]"
+    )
+    assert rows and all(cell is None and not user for _, cell, user in rows), rows
+    assert "IPythonHistorySavingThread" not in kernel.run("%nbcoord threads").stdout
