@@ -27,6 +27,7 @@ from ._registry import CellInfo, CellOutcome, Registry
 from ._shutdown import ShutdownHooks
 from ._snapshot import Snapshot, SnapshotBuilder
 from ._stop import ScopeKind, StopMechanism, StopReport, StopScope, ThreadStopped
+from ._text import shown
 from ._threads import INTERNAL_PREFIX, Monitor, ThreadHooks, kernel_thread_classes
 from .integrations.ledger import current as current_ledger
 from .integrations.ledger import watch as watch_ledger
@@ -273,8 +274,9 @@ class Extension:
             return
         line = f"nbcoord: cell [{execution_count}] was interrupted: stopped {len(stopped)} thread(s)"
         if alive:
-            names = ", ".join(row["name"] for row in alive[:5]) + (" ..." if len(alive) > 5 else "")
-            line += f"; {len(alive)} still running ({names}): see %nbcoord zombies"
+            names = ", ".join(shown(row["name"]) for row in alive[:5]) + (" ..." if len(alive) > 5 else "")
+            # They ignored this very stop: only --force (between Python statements) reaches them now.
+            line += f"; {len(alive)} still running ({names}): see %nbcoord zombies; %nbcoord stop --zombies --force"
         print(line + ".", file=sys.stderr)
 
     def _announce_zombies(self, execution_count: int) -> None:
@@ -296,13 +298,16 @@ class Extension:
         if (not zombies and not items) or cell is None:
             return
         left = [record.name for record in zombies] + items
-        names = ", ".join(left[:5]) + (" ..." if len(left) > 5 else "")
+        names = ", ".join(shown(name) for name in left[:5]) + (" ..." if len(left) > 5 else "")
         counts = [f"{len(zombies)} thread(s)"] if zombies else []
         counts += [f"{len(items)} other item(s)"] if items else []
         what = "was interrupted" if cell.outcome == "interrupted" else "failed"
+        # A thread that already ignored a stop (stop_on_interrupt asked it) will ignore the next one too.
+        ignored = any(record.stop_requested_at is not None for record in zombies)
+        command = "%nbcoord stop --zombies --force" if ignored else "%nbcoord stop --zombies"
         print(
             f"nbcoord: cell [{execution_count}] {what} and left {' and '.join(counts)} running: {names}. "
-            "See %nbcoord zombies; stop them with %nbcoord stop --zombies.",
+            f"See %nbcoord zombies; stop them with {command}.",
             file=sys.stderr,
         )
 

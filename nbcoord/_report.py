@@ -110,7 +110,7 @@ def report(
     if threads:
         lines += threads_section(snapshot, threads, stacks=stacks, limit=limit)
     else:
-        lines.append("No threads started since nbcoord was loaded." if not show_all else "No threads.")
+        lines.append("No thread started by a cell is running." if not show_all else "No threads.")
     lines += ledger_section(snapshot)
     lines += queues_section(snapshot)
     lines += blocked_section(snapshot)
@@ -124,10 +124,13 @@ def report(
 
 
 def summary_line(snapshot: Snapshot) -> str:
-    """One line: pid, thread, zombie and queue counts."""
+    """One line: pid, thread, zombie and queue counts. The threads counted first are the cells' (what the panel
+    counts); the kernel's own follow in brackets."""
     alive = [r for r in snapshot["threads"] if r["alive"]]
+    users = sum(1 for r in alive if r["user"])
     return (
-        f"nbcoord: kernel pid {snapshot['pid']}: {len(alive)} threads, {snapshot['zombie_count']} zombies, "
+        f"nbcoord: kernel pid {snapshot['pid']}: {users} thread{'' if users == 1 else 's'} started by cells "
+        f"({len(alive) - users} of the kernel's own), {snapshot['zombie_count']} zombies, "
         f"{len(snapshot['queues'])} queues"
     )
 
@@ -142,7 +145,9 @@ def zombies_report(snapshot: Snapshot, *, stacks: bool = False) -> str:
     if zombies:
         lines += threads_section(snapshot, zombies, stacks=stacks, limit=10_000)
     lines += ledger_section({**snapshot, "ledger": items})
-    lines.append("Stop them with: %nbcoord stop --zombies")
+    # A zombie that ignored a stop ignores the next one too: only --force (between Python statements) reaches it.
+    ignored = any(reason["reason"] == "stop-ignored" for row in zombies for reason in row["zombie_reasons"])
+    lines.append("Stop them with: %nbcoord stop --zombies" + (" --force" if ignored else ""))
     return "\n".join(lines)
 
 

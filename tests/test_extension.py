@@ -257,6 +257,8 @@ def test_report_and_thread_listings(loaded: Any) -> None:
     cell = ok(loaded, START_WORKER)
     report = magic(loaded, "")
     assert report.startswith("nbcoord: kernel pid ")
+    users = sum(1 for row in nbcoord.snapshot()["threads"] if row["user"] and row["alive"])
+    assert f": {users} thread{'' if users == 1 else 's'} started by cells (" in report.splitlines()[0]
     assert f"Cell [{cell.count}] (ok): import threading" in report
     assert "magic-worker | waiting" in report
     assert "Memory: kernel RSS" in report

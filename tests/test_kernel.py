@@ -250,8 +250,9 @@ def test_stop_on_interrupt_stops_the_interrupted_cells_threads(kernel: Kernel) -
         lines = [line for line in result.text.splitlines() if line.startswith("nbcoord:")]
         assert lines == [
             f"nbcoord: cell [{count_of(result)}] was interrupted: stopped 1 thread(s); 1 still running "
-            "(soi-stubborn): see %nbcoord zombies."
+            "(soi-stubborn): see %nbcoord zombies; %nbcoord stop --zombies --force."
         ], result.text
+        assert "Stop them with: %nbcoord stop --zombies --force" in kernel.run("%nbcoord zombies").stdout
         assert kernel.evaluate("soi_thread.is_alive()") is False
         kernel.run("soi_release.set()")
     finally:
