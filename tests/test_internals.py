@@ -61,7 +61,18 @@ def test_abandon_thread_falls_back_to_false(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_frames_fall_back_to_none(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _internals.calling_frame(0) is sys._getframe(0)
-    assert threading.get_ident() in _internals.current_frames()
+    # Every thread's frame but the caller's own (see current_frames: that entry would close a reference cycle).
+    frames = _internals.current_frames()
+    assert threading.get_ident() not in frames and threading.main_thread().ident is not None
+    waiting = threading.Event()
+    other = threading.Thread(target=waiting.wait, args=(10,))
+    other.start()
+    try:
+        assert other.ident in _internals.current_frames()
+    finally:
+        waiting.set()
+        other.join()
+    del frames
     monkeypatch.delattr(sys, "_getframe")
     monkeypatch.delattr(sys, "_current_frames")
     assert _internals.frame_getter() is None and _internals.calling_frame(1) is None

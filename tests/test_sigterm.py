@@ -1,0 +1,259 @@
+"""SIGTERM sent to one of the kernel's threads other than the main one ends the kernel as promptly as without nbcoord
+(issue 21), on ipykernel 7 and 6.
+
+nbcoord's SIGTERM handler is a Python-level one: CPython runs it in the main thread, only when that thread runs
+bytecode. A signal that the kernel delivers to another thread (``tgkill``; a process-directed SIGTERM usually goes to
+the main thread, so this showed at random) does not wake a main thread waiting in its event loop's ``epoll_wait`` or
+sleeping in a cell. Measured before the fix: an idle kernel was alive 15 s after SIGTERM to its IOPub thread (a
+kernel without nbcoord dies in 0.01 s), and so was one whose cell sleeps.
+
+Each kernel case sends the signal to one thread only, from outside, and waits for the process to end by that
+signal. The last cases run :class:`nbcoord._shutdown.ShutdownHooks` in this process (its main thread), with a
+previous handler that raises so that nothing ends the test run.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import Kernel, wait_until
+
+from nbcoord import _internals, _shutdown
+from nbcoord._fallbacks import Fallbacks
+
+pytestmark = [
+    pytest.mark.kernel,
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="tgkill (a signal to one thread) is Linux's"),
+]
+
+REPO = Path(__file__).resolve().parents[1]
+IK6_PYTHON = REPO / ".venv-ik6" / "bin" / "python"
+PYTHONS = [
+    pytest.param(sys.executable, id="ipykernel7"),
+    pytest.param(
+        str(IK6_PYTHON),
+        id="ipykernel6",
+        marks=pytest.mark.skipif(not IK6_PYTHON.exists(), reason=f"no ipykernel 6 environment at {IK6_PYTHON}"),
+    ),
+]
+
+#: Without nbcoord the kernel dies in about 0.01 s; with it, the shutdown stop runs first (nothing to stop here).
+#: Generous for a loaded CI machine, well under the 15 s the kernel stayed alive before the fix.
+PROMPT_EXIT_S = 2.4
+
+#: The syscall number of tgkill, for a libc that does not export tgkill() itself (glibc before 2.30).
+_SYS_TGKILL = {"x86_64": 234, "aarch64": 131, "riscv64": 131, "i686": 270, "armv7l": 268, "ppc64le": 250}
+
+
+def tgkill(pid: int, tid: int, signum: int) -> None:
+    """Send ``signum`` to thread ``tid`` of process ``pid`` only (``os.kill`` lets the kernel pick the thread)."""
+    import platform
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if hasattr(libc, "tgkill"):
+        result = libc.tgkill(pid, tid, signum)
+    else:
+        result = libc.syscall(_SYS_TGKILL[platform.machine()], pid, tid, signum)
+    if result != 0:
+        raise OSError(ctypes.get_errno(), f"tgkill({pid}, {tid}, {signum}) failed")
+
+
+def native_ids(kernel: Kernel) -> dict[str, int]:
+    """The kernel's Python threads, name -> native thread id."""
+    ids: dict[str, int] = kernel.evaluate("{t.name: t.native_id for t in __import__('threading').enumerate()}")
+    return ids
+
+
+def wakeup_fd(kernel: Kernel) -> int:
+    """The signal wakeup fd of the kernel, read in its main thread (a cell)."""
+    kernel.run("import signal as _signal\n_wakeup = _signal.set_wakeup_fd(-1)\n_signal.set_wakeup_fd(_wakeup)")
+    value: int = kernel.evaluate("_wakeup")
+    return value
+
+
+def sigterm_thread_and_wait(kernel: Kernel, tid: int) -> tuple[int | None, float]:
+    """SIGTERM to the kernel's thread ``tid`` (native id) only; the exit status (None: still alive) and how long."""
+    started = time.monotonic()
+    tgkill(kernel.pid, tid, signal.SIGTERM)
+    status = kernel.wait_exit(timeout=15)
+    return status, time.monotonic() - started
+
+
+def mark_the_stop(kernel: Kernel, directory: Path) -> Path:
+    """Have the kernel's shutdown stop create a file (an ``on_stop`` callback); returns its path."""
+    stopped = directory / "stopped"
+    kernel.run(f"import nbcoord; nbcoord.on_stop(lambda: open({str(stopped)!r}, 'w').close())")
+    return stopped
+
+
+@pytest.fixture(params=PYTHONS)
+def kernel_on(request: pytest.FixtureRequest) -> Iterator[Kernel]:
+    """A kernel with nbcoord loaded, on ipykernel 7 or 6."""
+    k = Kernel(python=request.param)
+    try:
+        k.run("%load_ext nbcoord")
+        yield k
+    finally:
+        k.close()
+
+
+@pytest.mark.parametrize("thread", ["IOPub", "Heartbeat", "Control"])
+def test_sigterm_to_another_thread_ends_an_idle_kernel(kernel_on: Kernel, thread: str, tmp_path: Path) -> None:
+    stopped = mark_the_stop(kernel_on, tmp_path)
+    status, took = sigterm_thread_and_wait(kernel_on, native_ids(kernel_on)[thread])
+    assert status is not None, f"the kernel is alive 15 s after SIGTERM to its {thread} thread"
+    assert status == -signal.SIGTERM, f"exit status {status}: the kernel must end by the signal, as without nbcoord"
+    assert took < PROMPT_EXIT_S, f"the kernel took {took:.2f} s to end after SIGTERM to its {thread} thread"
+    assert stopped.exists(), "the kernel ended without nbcoord's shutdown stop"
+
+
+def test_sigterm_to_another_thread_ends_a_kernel_whose_cell_sleeps(kernel_on: Kernel, tmp_path: Path) -> None:
+    kernel = kernel_on
+    stopped = mark_the_stop(kernel, tmp_path)
+    iopub = native_ids(kernel)["IOPub"]  # before the cell: the kernel answers nothing while it sleeps
+    sleeping = tmp_path / "sleeping"
+    kernel.submit(f"import time; open({str(sleeping)!r}, 'w').close(); time.sleep(30)")
+    wait_until(sleeping.exists, timeout=30, what="the cell to start sleeping")
+    status, took = sigterm_thread_and_wait(kernel, iopub)
+    assert status is not None, "the kernel is alive 15 s after SIGTERM to its IOPub thread while a cell sleeps"
+    assert status == -signal.SIGTERM, f"exit status {status}"
+    assert took < PROMPT_EXIT_S, f"the kernel took {took:.2f} s to end after SIGTERM to its IOPub thread"
+    assert stopped.exists(), "the kernel ended without nbcoord's shutdown stop"
+
+
+@pytest.mark.parametrize("python", PYTHONS)
+def test_unload_and_fork_give_back_the_wakeup_fd(python: str, tmp_path: Path) -> None:
+    """``%unload_ext`` restores the wakeup fd the kernel had before nbcoord (here one the kernel set itself), and so
+    does a forked child; after the unload, SIGTERM to another thread still ends the kernel (by the default
+    action)."""
+    kernel = Kernel(python=python)
+    try:
+        kernel.run(
+            "import signal, socket\n"
+            "_a, _b = socket.socketpair()\n"
+            "_b.setblocking(False)\n"
+            "signal.set_wakeup_fd(_b.fileno())"
+        )
+        before = wakeup_fd(kernel)
+        assert before >= 0
+        kernel.run("%load_ext nbcoord")
+        child_file = tmp_path / "child.json"
+        kernel.run(
+            "import json, os, signal\n"
+            "_pid = os.fork()\n"
+            "if _pid == 0:\n"
+            "    _fd = signal.set_wakeup_fd(-1)\n"
+            f"    open({str(child_file)!r}, 'w').write(json.dumps(_fd))\n"
+            "    os._exit(0)\n"
+            "os.waitpid(_pid, 0)"
+        )
+        assert json.loads(child_file.read_text()) == before, "a forked child must have the kernel's own wakeup fd"
+        kernel.run("%unload_ext nbcoord")
+        assert wakeup_fd(kernel) == before, "the wakeup fd after %unload_ext is not the one before %load_ext"
+        assert not [name for name in native_ids(kernel) if name.startswith("nbcoord-")], "a thread of nbcoord is left"
+        status, took = sigterm_thread_and_wait(kernel, native_ids(kernel)["IOPub"])
+        assert status == -signal.SIGTERM, f"exit status {status} after the unload"
+        assert took < PROMPT_EXIT_S
+    finally:
+        kernel.close()
+
+
+# ------------------------------------------------------------------------------------------------ in this process
+class Terminated(Exception):
+    """Raised by the previous SIGTERM handler of the in-process cases: ends the main thread's sleep."""
+
+
+def wakeup_fd_here() -> int:
+    fd = signal.set_wakeup_fd(-1)
+    signal.set_wakeup_fd(fd)
+    return fd
+
+
+@pytest.fixture
+def hooks_here() -> Iterator[tuple[_shutdown.ShutdownHooks, list[str], list[int]]]:
+    """ShutdownHooks installed in this process over a previous handler that records and raises :class:`Terminated`;
+    yields the hooks, the routes its action ran and the signals the previous handler got."""
+    routes: list[str] = []
+    received: list[int] = []
+
+    def previous(signum: int, frame: Any) -> None:
+        received.append(signum)
+        raise Terminated
+
+    saved = signal.signal(signal.SIGTERM, previous)
+    hooks = _shutdown.ShutdownHooks(routes.append)
+    try:
+        hooks.install(object())
+        yield hooks, routes, received
+    finally:
+        hooks.uninstall()
+        signal.signal(signal.SIGTERM, saved)
+
+
+def test_sigterm_to_another_thread_wakes_a_sleeping_main_thread(hooks_here: Any) -> None:
+    _, routes, received = hooks_here
+
+    def send() -> None:
+        time.sleep(0.2)
+        signal.pthread_kill(threading.get_ident(), signal.SIGTERM)  # to this thread only
+
+    sender = threading.Thread(target=send)
+    started = time.monotonic()
+    sender.start()
+    with pytest.raises(Terminated):
+        time.sleep(10)
+    took = time.monotonic() - started
+    sender.join()
+    assert took < 2.0, f"the main thread ran the handler {took:.2f} s after SIGTERM reached another thread"
+    assert routes == ["sigterm"] and received == [signal.SIGTERM], "the stop, then the previous handler, once each"
+
+
+def test_install_and_uninstall_give_back_the_wakeup_fd() -> None:
+    before = wakeup_fd_here()
+    hooks = _shutdown.ShutdownHooks(lambda route: None)
+    saved = signal.getsignal(signal.SIGTERM)
+    hooks.install(object())
+    try:
+        pipe = wakeup_fd_here()
+        assert pipe not in (-1, before), "no wakeup fd of nbcoord's"
+        assert any(t.name == _shutdown.WAKER_THREAD_NAME for t in threading.enumerate())
+    finally:
+        hooks.uninstall()
+    assert wakeup_fd_here() == before
+    assert signal.getsignal(signal.SIGTERM) == saved
+    assert not any(t.name == _shutdown.WAKER_THREAD_NAME for t in threading.enumerate()), "the waker's thread is left"
+    with pytest.raises(OSError):
+        os.fstat(pipe)  # the pipe is closed
+
+
+def test_no_wakeup_fd_falls_back_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_internals, "_fallbacks", Fallbacks())
+
+    def refuse(fd: int, **kwargs: Any) -> int:
+        raise ValueError("refused for the test")
+
+    before = wakeup_fd_here()
+    saved = signal.getsignal(signal.SIGTERM)
+    hooks = _shutdown.ShutdownHooks(lambda route: None)
+    with monkeypatch.context() as patch:
+        patch.setattr(signal, "set_wakeup_fd", refuse)
+        hooks.install(object())
+    try:
+        assert signal.getsignal(signal.SIGTERM) == hooks._on_sigterm, "the handler is installed all the same"
+        assert wakeup_fd_here() == before
+        assert not any(t.name == _shutdown.WAKER_THREAD_NAME for t in threading.enumerate())
+        (why,) = (text for name, text in _internals.degraded().items() if "SIGTERM" in name)
+        assert "main thread next runs Python" in why and "refused for the test" in why
+    finally:
+        hooks.uninstall()
+    assert signal.getsignal(signal.SIGTERM) == saved
