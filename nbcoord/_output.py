@@ -570,10 +570,16 @@ class OutputRouter:
         writer = self._writer()
         if writer is None or writer.kernel_routes:
             return False
-        if self._kernel_routes(stream):
+        latest = self._latest_msg_id()
+        if self._kernel_routes(stream, latest):
             writer.kernel_routes = True
             return False
         if writer.home is self._registry.current_cell():
+            return False
+        run = self._runs.get(writer.key)
+        if latest is not None and run is not None and run.header is not None and run.header.get("msg_id") == latest:
+            # No request came since the home cell's: the kernel sends the text under that cell anyway (a print's
+            # newline, written a moment after its text, just after the cell ended, stays with its text).
             return False
         area = self._areas.get(writer.key)
         if area is None:
@@ -584,20 +590,26 @@ class OutputRouter:
             self._send(area, blocking=False)
         return True
 
-    def _kernel_routes(self, stream: Any) -> bool:
-        """Whether ``stream`` sends the calling thread's text with a parent of the kernel's choosing or the thread's
-        own, rather than the latest request's: ipykernel 6 gives a cell's threads that cell's header, and
-        ``set_parent``/``set_thread_parent`` give a thread one on every line. Either way that text already goes
-        where its owner meant it to, and nbcoord must not move it (ipykernel's own tests check exactly that).
-        Read through public names: ``OutStream.parent_header`` (the calling thread's, else the latest request's)
-        and ``Kernel.get_parent("shell")`` (the latest request's, in any thread; the shell's own
-        ``parent_header`` is the calling thread's on ipykernel 7.4)."""
+    def _latest_msg_id(self) -> str | None:
+        """The id of the kernel's latest shell request, whatever the calling thread set: ipykernel's public
+        ``Kernel.get_parent("shell")`` (the shell's own ``parent_header`` is the calling thread's on ipykernel 7.4);
+        None outside a kernel."""
         latest_request = self._latest_request
+        latest = _header_of(latest_request("shell")) if latest_request is not None else None
+        msg_id = latest.get("msg_id") if latest is not None else None
+        return msg_id if isinstance(msg_id, str) else None
+
+    @staticmethod
+    def _kernel_routes(stream: Any, latest: str | None) -> bool:
+        """Whether ``stream`` sends the calling thread's text with a parent of the kernel's choosing or the thread's
+        own, rather than the latest request's (``latest``): ipykernel 6 gives a cell's threads that cell's header,
+        and ``set_parent``/``set_thread_parent`` give a thread one on every line. Either way that text already goes
+        where its owner meant it to, and nbcoord must not move it (ipykernel's own tests check exactly that).
+        Read through ipykernel's public ``OutStream.parent_header`` (the calling thread's, else the latest's)."""
         header = getattr(stream, "parent_header", None)
-        if latest_request is None or not isinstance(header, dict) or not header:
+        if latest is None or not isinstance(header, dict) or not header:
             return False
-        latest = _header_of(latest_request("shell"))
-        return latest is not None and header.get("msg_id") != latest.get("msg_id")
+        return header.get("msg_id") != latest
 
     def _new_area(self, writer: _Writer) -> _Area:
         with self._lock:

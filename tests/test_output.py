@@ -234,6 +234,36 @@ def test_ipykernel6_routes_a_cells_threads_itself_and_nbcoord_leaves_it(kernel6:
     assert "cell B runs" in b.stdout and "worker:" not in b.text
 
 
+LATE_NEWLINE = """
+done = threading.Event()
+def late_newline():
+    sys.stdout.write("text while its cell runs")
+    sys.stdout.flush()
+    while _ext.registry.current_cell() is not None:  # until the cell has ended, before any other request
+        time.sleep(0.001)
+    sys.stdout.write("\\n")
+    sys.stdout.flush()
+    done.set()
+threading.Thread(target=late_newline).start()
+"""
+
+
+def test_text_written_after_its_cell_ended_but_before_another_request_stays_with_the_kernel(
+    routing_kernel: RecordingKernel,
+) -> None:
+    # ipykernel sends it under the latest request, still the thread's own cell: the stream that cell showed
+    # (ipykernel's test_print_to_correct_cell_from_thread[none] lost a print's newline, written just after the cell).
+    kernel = routing_kernel
+    a_id = kernel.submit(LATE_NEWLINE)
+    assert kernel.collect(a_id).status == "ok"
+    wait_until(
+        lambda: kernel.pump() or stream_text_by_parent(kernel).get(a_id) == "text while its cell runs\n",
+        10, 0.05, "the newline under the thread's own cell",
+    )
+    assert kernel.evaluate("done.wait(10)") is True
+    assert kernel.areas() == {}
+
+
 EXPLICIT_PARENT = """
 parent = get_ipython().get_parent()
 step, done = threading.Event(), threading.Event()
