@@ -9,10 +9,13 @@
  *
  * Rows are keyed by kernel id: a refresh updates the text of the rows it finds, adds and removes rows, and puts
  * them in the server's order (what needs attention first); it never rebuilds the table, so a button being
- * clicked stays where it is. Every value from the server (notebook paths, thread names) is set with
- * textContent: nothing is ever parsed as HTML.
+ * clicked stays where it is. Every value from the server (notebook paths, thread names, messages) is set with
+ * textContent or as a title, after control and bidirectional characters are shown escaped (`safe`, the same
+ * rules as panel.js's): nothing is ever parsed as HTML, and no name can hide, reorder or break the text around it
+ * (a path with U+202E shows ``\u202e``, never ``...exe.png`` for ``...gnp.exe``).
  *
- * Exports ``render(root, options)``, which returns a cleanup function; the page calls it on its element.
+ * Exports ``render(root, options)``, which returns a cleanup function; the page calls it on its element, and
+ * ``safe(value, lines)``.
  */
 
 const CSS = `
@@ -56,8 +59,28 @@ const STATUS_WORDS = {
 };
 const ATTENTION_WORDS = { zombies: "zombies", gpu: "GPU held", stuck: "stuck", dead: "dead" };
 
+// The same rules as panel.js's `safe` (a test runs both on every character): one shared module is a later change.
+/** Control, format and bidirectional characters: never rendered as themselves. */
+const UNSAFE = /[\u0000-\u001f\u007f-\u009f\u00ad\u061c\u115f\u1160\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff\ufff9-\ufffb]/g;
+const UNSAFE_KEEP_LINES = /[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u00ad\u061c\u115f\u1160\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff\ufff9-\ufffb]/g;
+/** @type {Record<string, string>} */
+const SHORT_ESCAPES = { "\n": "\\n", "\t": "\\t", "\r": "\\r" };
+
 /**
- * An element; ``text`` is set as text, never parsed.
+ * A string from the server, with every control, format or bidirectional character shown as an escape
+ * (``\u202e``), so that a name cannot hide, reorder or break the text around it.
+ * @param {unknown} value
+ * @param {boolean} [lines] keep newlines and tabs (a title of several lines)
+ * @returns {string}
+ */
+export function safe(value, lines = false) {
+  const text = value === null || value === undefined ? "" : String(value);
+  return text.replace(lines ? UNSAFE_KEEP_LINES : UNSAFE,
+    (ch) => SHORT_ESCAPES[ch] || `\\u${ch.charCodeAt(0).toString(16).padStart(4, "0")}`);
+}
+
+/**
+ * An element; ``text`` is set as text (escaped by `safe`), never parsed.
  * @param {string} tag
  * @param {string} [cls]
  * @param {unknown} [text]
@@ -66,7 +89,7 @@ const ATTENTION_WORDS = { zombies: "zombies", gpu: "GPU held", stuck: "stuck", d
 function h(tag, cls, text) {
   const node = document.createElement(tag);
   if (cls) node.className = cls;
-  if (text !== undefined && text !== null) node.textContent = String(text);
+  if (text !== undefined && text !== null) node.textContent = safe(text);
   return node;
 }
 
@@ -171,7 +194,7 @@ export function render(root, options = {}) {
       draw(lastView);
     } catch (err) {
       summary.className = "nbf-summary nbf-error";
-      summary.textContent = `Could not read the kernels: ${err instanceof Error ? err.message : String(err)}`;
+      summary.textContent = safe(`Could not read the kernels: ${err instanceof Error ? err.message : String(err)}`);
     }
     if (!stopped) timer = window.setTimeout(refresh, intervalMs);
   }
@@ -183,8 +206,8 @@ export function render(root, options = {}) {
     const gpu = view.gpu || {};
     const gpuText = gpu.available ? plural((gpu.devices || []).length, "GPU") : `no GPU figures (${gpu.reason || "unknown"})`;
     summary.className = "nbf-summary nbf-muted";
-    summary.textContent = `${plural(kernels.length, "kernel")}, ${attention} needing attention; ${gpuText}; ` +
-      `view took ${isNum(view.took_ms) ? view.took_ms.toFixed(0) : "?"} ms.`;
+    summary.textContent = safe(`${plural(kernels.length, "kernel")}, ${attention} needing attention; ${gpuText}; ` +
+      `view took ${isNum(view.took_ms) ? view.took_ms.toFixed(0) : "?"} ms.`);
     const seen = new Set();
     for (const kernel of kernels) {
       const id = String(kernel.id);
@@ -233,10 +256,10 @@ export function render(root, options = {}) {
     update(c.Notebook, JSON.stringify([k.path, k.name, k.id, k.pid]), () => {
       const path = h("div", "nbf-path", k.path || "(no session)");
       const meta = h("div", "nbf-muted nbf-id", `${k.name || "?"} · ${String(k.id).slice(0, 8)}${isNum(k.pid) ? ` · pid ${k.pid}` : ""}`);
-      path.title = k.path || "";
+      path.title = safe(k.path || "");
       return [path, meta];
     });
-    c.Status.title = k.error ? String(k.error) : isNum(k.answer_ms) ? `nbcoord answered in ${k.answer_ms.toFixed(1)} ms` : "";
+    c.Status.title = k.error ? safe(k.error) : isNum(k.answer_ms) ? `nbcoord answered in ${k.answer_ms.toFixed(1)} ms` : "";
     update(c.Status, JSON.stringify([k.status, k.attention, k.error]), () => {
       const chips = [h("span", `nbf-chip ${k.status}`, STATUS_WORDS[/** @type {keyof STATUS_WORDS} */ (k.status)] || k.status)];
       for (const a of k.attention || []) {
@@ -261,8 +284,8 @@ export function render(root, options = {}) {
         button.dataset.action = "stop";
         button.dataset.scope = "cell";
         button.dataset.cell = String(cell.cell);
-        button.title = `Stop the ${plural(cell.threads, "thread")} cell [${cell.cell}] started` +
-          (cell.zombies ? ` (${plural(cell.zombies, "zombie")})` : "");
+        button.title = safe(`Stop the ${plural(cell.threads, "thread")} cell [${cell.cell}] started` +
+          (cell.zombies ? ` (${plural(cell.zombies, "zombie")})` : ""));
         /** @type {HTMLButtonElement} */ (button).disabled = pending.has(k.id);
         return button;
       });
@@ -282,7 +305,7 @@ export function render(root, options = {}) {
       const parts = [h("div", "", running || k.execution_state || "")];
       if (blocked) {
         const b = h("div", "nbf-chip stuck", blocked);
-        b.title = (s.blocked || []).map((/** @type {any} */ r) => r.text || r.thread).join("\n");
+        b.title = (s.blocked || []).map((/** @type {any} */ r) => safe(r.text || r.thread)).join("\n");
         parts.push(b);
       }
       return parts;
@@ -294,7 +317,7 @@ export function render(root, options = {}) {
       const text = `${last.scope}${last.cell !== null && last.cell !== undefined ? ` [${last.cell}]` : ""}: ` +
         `${last.stopped} stopped${last.alive ? `, ${last.alive} alive` : ""} ${when}`;
       const node = h("div", last.alive ? "nbf-error" : "", text);
-      if (last.alive_names && last.alive_names.length) node.title = `still alive: ${last.alive_names.join(", ")}`;
+      if (last.alive_names && last.alive_names.length) node.title = `still alive: ${last.alive_names.map((/** @type {unknown} */ n) => safe(n)).join(", ")}`;
       return [node];
     });
     const result = results.get(k.id);
@@ -381,4 +404,4 @@ if (page && page.dataset.baseUrl) {
   render(page, { baseUrl: page.dataset.baseUrl, interval: Number(page.dataset.interval) });
 }
 
-export default { render };
+export default { render, safe };

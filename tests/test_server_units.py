@@ -37,6 +37,7 @@ from nbcoord.server._kernels import (
 )
 from nbcoord.server._metrics import FleetCollector
 from nbcoord.server._model import KernelRow, attention, sort_key
+from nbcoord.server._summary import OffSchema, bounded_report, check_summary
 
 
 # ------------------------------------------------------------------------------------------------------ schema
@@ -233,7 +234,7 @@ def test_metrics_of_a_view() -> None:
     text = generate_latest(registry).decode()
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for f in text_string_to_metric_families(text) for s in f.samples}  # fmt: skip
-    key_a = (("kernel_id", "a"), ("notebook", 'we"ird\nname.ipynb'))
+    key_a = (("kernel_id", "a"), ("notebook", 'we"ird\\x0aname.ipynb'))  # a label is one line, escaped
     key_b = (("kernel_id", "b"), ("notebook", ""))
     assert samples[("nbcoord_kernel_zombie_threads", key_a)] == 1
     assert samples[("nbcoord_kernel_threads", tuple(sorted((*key_a, ("state", "running")))))] == 2
@@ -322,3 +323,54 @@ def test_no_gpu_says_why(nvml: Any) -> None:
                            "devices": []}  # fmt: skip
     missing = Nvml("no_such_nvml_module").read()
     assert missing.status["reason"] == "nvidia-ml-py is not installed in the server's environment"
+
+
+# ------------------------------------------------------------------------------------------ hostile kernels
+def test_a_real_summary_is_the_schemas_and_an_off_schema_one_is_named() -> None:
+    summary = _control.build_summary(snapshot(last_stop={"scope": "all", "alive": [{"name": "n" * 500}]}), "1")
+    assert check_summary(summary) == summary
+    for field, value, words in [
+        ("zombies", "many", '"zombies" must be a whole number >= 0'),
+        ("threads_by_state", 5, '"threads_by_state" must be an object of counts'),
+        ("blocked_seconds", math.inf, '"blocked_seconds" must be a finite number'),
+        ("cells", [{"cell": 1, "threads": "x" * 10_000, "zombies": 0}], '"cells[0].threads"'),
+    ]:
+        with pytest.raises(OffSchema) as raised:
+            check_summary({**summary, field: value})
+        assert words in str(raised.value) and len(str(raised.value)) < 200
+    with pytest.raises(OffSchema, match='"pid" is missing'):
+        check_summary({k: v for k, v in summary.items() if k != "pid"})
+    assert "extra" not in check_summary({**summary, "extra": 1}), "a newer nbcoord's fields are dropped"
+
+
+def test_a_stop_report_is_bounded() -> None:
+    report = {"stopped": [{"name": "\u202e" + "n" * 100_000, "reason": "r" * 10_000, "took": math.nan}]}
+    row = bounded_report(report)["stopped"][0]
+    assert len(row["name"]) == 200 and len(row["reason"]) == 500 and row["took"] is None
+
+
+def test_open_metrics_are_totals_and_labels_are_escaped() -> None:
+    summary = {"threads_by_state": {"running": 2, "waiting": 1, "stopping": 0}, "kernel_threads": 8, "zombies": 1,
+               "tasks": None, "blocked_runs": 0, "blocked_seconds": 0.0, "failures": 0, "queues": [],
+               "last_stop": None}  # fmt: skip
+    view: Any = {"took_ms": 1.0, "kernels": [
+        row(id="a", path="x\u202ey.ipynb", nbcoord=summary, gpu=[{"index": 0, "bytes": 5, "workers_bytes": 1}]),
+        row(id="b", path="secret.ipynb", rss=10),
+    ]}  # fmt: skip
+
+    def samples(per_kernel: bool) -> list[Any]:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(FleetCollector(view, per_kernel=per_kernel))
+        text = generate_latest(registry).decode()
+        assert "\u202e" not in text
+        return [s for f in text_string_to_metric_families(text) for s in f.samples]
+
+    totals = samples(per_kernel=False)
+    assert not {"kernel_id", "notebook"} & {label for s in totals for label in s.labels}
+    by_name = {(s.name, tuple(s.labels.items())): s.value for s in totals}
+    assert by_name[("nbcoord_kernels_rss_bytes", ())] == 11
+    assert by_name[("nbcoord_kernels_gpu_memory_bytes", (("gpu", "0"),))] == 6
+    assert by_name[("nbcoord_kernels_zombie_threads", ())] == 1
+    assert by_name[("nbcoord_kernels_threads", (("state", "running"),))] == 2
+    notebooks = {s.labels.get("notebook") for s in samples(per_kernel=True)}
+    assert "x\\u202ey.ipynb" in notebooks

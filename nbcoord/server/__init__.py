@@ -26,7 +26,10 @@ nbcoord. Settings (``c.NBCoordServer.<name>`` in a ``jupyter_server_config.py``,
 ``absent_recheck`` (30.0)
     seconds before a kernel found without nbcoord, and used since, is asked again;
 ``nvml_module`` ("pynvml")
-    the NVML binding for GPU memory by pid (``nvidia-ml-py``, the ``gpu`` extra).
+    the NVML binding for GPU memory by pid (``nvidia-ml-py``, the ``gpu`` extra);
+``unauthenticated_kernel_labels`` (False)
+    with ``ServerApp.authenticate_prometheus = False``, label the metrics of a scrape without credentials by kernel
+    id and notebook path too (by default such a scrape gets totals only, as the server's own ``/metrics``).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from ._fleet import Fleet
 from ._gpu import Nvml
 from ._handlers import SETTINGS_KEY, handlers
 from ._kernels import NBCoordKernelManager, use_in
+from ._text import install_log_filter
 
 __all__ = ["NBCoordKernelManager", "NBCoordServer"]
 
@@ -64,11 +68,19 @@ class NBCoordServer(ExtensionApp):
     nvml_module = Unicode("pynvml", help="The NVML binding for GPU memory by process (nvidia-ml-py).").tag(
         config=True
     )
+    unauthenticated_kernel_labels = Bool(
+        False,
+        help="With ServerApp.authenticate_prometheus=False, also give a scrape of /nbcoord/metrics that carries no "
+        "credentials the per-kernel series, labelled with kernel ids and notebook paths: whoever can reach the URL "
+        "sees them. By default such a scrape gets totals over the kernels only, as the server's own /metrics; an "
+        "authenticated scrape always gets the per-kernel series.",
+    ).tag(config=True)
 
     def initialize_settings(self) -> None:
         """Make the fleet, keep the server's activity tracking blind to our messages, and (if asked) load nbcoord
         in every kernel."""
         serverapp: Any = self.serverapp
+        install_log_filter()
         fleet = Fleet(
             serverapp.kernel_manager,
             serverapp.session_manager,
@@ -76,7 +88,11 @@ class NBCoordServer(ExtensionApp):
             absent_recheck=self.absent_recheck,
             nvml=Nvml(self.nvml_module),
         )
-        self.settings[SETTINGS_KEY] = {"fleet": fleet, "page_interval": self.page_interval}
+        self.settings[SETTINGS_KEY] = {
+            "fleet": fleet,
+            "page_interval": self.page_interval,
+            "unauthenticated_kernel_labels": self.unauthenticated_kernel_labels,
+        }
         untrack_messages(serverapp)
         if self.load_in_kernels and use_in(serverapp.kernel_manager):
             self.log.info("nbcoord: every IPython kernel this server starts loads nbcoord")

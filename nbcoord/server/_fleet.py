@@ -40,6 +40,8 @@ from .._schema import (
 from ._gpu import GpuRead, GpuStatus, Nvml
 from ._link import KernelLink, LinkClosed, Reply
 from ._model import VIEW_SCHEMA, FleetView, GpuHeld, KernelRow, Status, attention, sort_key
+from ._summary import OffSchema, bounded_report, check_summary
+from ._text import ECHO_CHARS, TEXT_CHARS, shown
 
 log = logging.getLogger("nbcoord.server")
 
@@ -75,6 +77,7 @@ class _Kernel:
     presence: Presence = "unknown"
     probed_activity: str | None = None
     probed_at: float = 0.0
+    off_schema_logged: bool = False  # an off-schema summary is logged once per kernel process
 
 
 @dataclass
@@ -155,19 +158,34 @@ def _gpu_held(pid: int | None, outside: _Outside) -> list[GpuHeld]:
 
 
 def _answer(reply: Reply, elapsed_ms: float) -> _Answer:
+    """The answer in a summary reply; an error (one sentence) when the reply says so or is not the schema's."""
     error = _reply_error(reply)
     if error is not None:
         return _Answer("error", error=f"nbcoord answered: {error[1]}", answer_ms=elapsed_ms)
-    summary: KernelSummary = reply["content"]["summary"]
+    try:
+        summary: KernelSummary = check_summary(_content(reply).get("summary"))
+    except OffSchema as off:
+        return _Answer("error", error=f"{OFF_SCHEMA}: {off}", answer_ms=elapsed_ms)
     return _Answer("ok", summary=summary, answer_ms=elapsed_ms)
 
 
+#: The start of the sentence that says a kernel's answer is not the schema's.
+OFF_SCHEMA = "nbcoord in this kernel answered off-schema (another nbcoord version, or a patched one)"
+
+
+def _content(reply: Reply) -> dict[str, Any]:
+    content = reply.get("content") if isinstance(reply, dict) else None
+    return content if isinstance(content, dict) else {}
+
+
 def _reply_error(reply: Reply) -> tuple[str, str] | None:
-    """(code, message) of an nbcoord error reply, or None when it is ok."""
-    content = reply.get("content") or {}
+    """(code, message) of an nbcoord error reply, or None when it is ok; the message cut and escaped (it is shown
+    to people as it is)."""
+    content = _content(reply)
     if content.get("status") == "ok":
         return None
-    return str(content.get("code", "failed")), str(content.get("error", "nbcoord answered with an error"))[:500]
+    code = shown(content.get("code", "failed"), ECHO_CHARS)
+    return code, shown(content.get("error", "nbcoord answered with an error"), TEXT_CHARS)
 
 
 class Fleet:
@@ -227,7 +245,7 @@ class Fleet:
         answers = await asyncio.gather(*(self._ask(kid, km, pids[kid]) for kid, km in managers.items()))
         outside = await self._outside_result(outside_job)
         rows = [
-            self._row(kid, managers[kid], pids[kid], path=paths.get(kid), answer=answer, outside=outside)
+            self._safe_row(kid, managers[kid], pids[kid], path=paths.get(kid), answer=answer, outside=outside)
             for kid, answer in zip(managers, answers, strict=True)
         ]
         rows.sort(key=sort_key)
@@ -288,6 +306,29 @@ class Fleet:
             return {}
         return model
 
+    def _safe_row(
+        self, kernel_id: str, km: Any, pid: int | None, *, path: str | None, answer: _Answer, outside: _Outside
+    ) -> KernelRow:
+        """One kernel's row; a row that cannot be made is shown as an error without what the kernel said, so that
+        one kernel never takes the view of the others down."""
+        if answer.status == "error" and answer.error is not None and answer.error.startswith(OFF_SCHEMA):
+            self._log_off_schema(kernel_id, answer.error)
+        try:
+            return self._row(kernel_id, km, pid, path=path, answer=answer, outside=outside)
+        except Exception as error:
+            log.warning("nbcoord: the row of kernel %s could not be made", shown(kernel_id), exc_info=True)
+            failed = _Answer("error", error=shown(f"the server could not show this kernel: {type(error).__name__}: "
+                                                  f"{error}", TEXT_CHARS))  # fmt: skip
+            return self._row(kernel_id, km, pid, path=path, answer=failed, outside=_Outside())
+
+    def _log_off_schema(self, kernel_id: str, sentence: str) -> None:
+        state = self._known.get(kernel_id)
+        if state is None or state.off_schema_logged:
+            return
+        state.off_schema_logged = True
+        log.warning("nbcoord: kernel %s: %s; it is shown as an error until it answers the schema (logged once)",
+                    shown(kernel_id), sentence)  # fmt: skip
+
     def _row(
         self, kernel_id: str, km: Any, pid: int | None, *, path: str | None, answer: _Answer, outside: _Outside
     ) -> KernelRow:
@@ -318,6 +359,7 @@ class Fleet:
         state = self._known.setdefault(kernel_id, _Kernel())
         if state.pid != pid:  # a new process (a restart): learn again whether nbcoord is there
             state.pid, state.presence, state.probed_at = pid, "unknown", 0.0
+            state.off_schema_logged = False
         return state
 
     def _link(self, state: _Kernel, km: Any) -> KernelLink:
@@ -330,8 +372,9 @@ class Fleet:
         try:
             return await self._ask_summary(kernel_id, km, pid)
         except Exception as error:
-            log.warning("nbcoord: asking kernel %s failed", kernel_id, exc_info=True)
-            return _Answer("error", error=f"the server could not ask this kernel: {type(error).__name__}: {error}")
+            log.warning("nbcoord: asking kernel %s failed", shown(kernel_id), exc_info=True)
+            return _Answer("error", error=shown(f"the server could not ask this kernel: {type(error).__name__}: "
+                                                f"{error}", TEXT_CHARS))  # fmt: skip
 
     async def _ask_summary(self, kernel_id: str, km: Any, pid: int | None) -> _Answer:
         if not await is_alive(km):
@@ -409,13 +452,14 @@ class Fleet:
             cell); 502 the kernel died while the request waited; 503 too many stops wait there; 504 no answer in
             time (the request stays queued in the kernel, and acts when the kernel can).
         """
+        shown_id = shown(kernel_id, ECHO_CHARS)
         if kernel_id not in self._kernels:
-            raise FleetError(404, f"no kernel {kernel_id} on this server")
+            raise FleetError(404, f"no kernel {shown_id} on this server")
         km = self._manager(kernel_id)
         if km is None:
-            raise FleetError(404, f"no kernel {kernel_id} on this server")
+            raise FleetError(404, f"no kernel {shown_id} on this server")
         if not await is_alive(km):
-            raise FleetError(409, f"kernel {kernel_id} is not running")
+            raise FleetError(409, f"kernel {shown_id} is not running")
         # Asked even when the last view found no nbcoord there: it may have been loaded since (a user's click).
         state = self._state(kernel_id, kernel_pid(km))
         budget = (request["grace"] if request["grace"] is not None else DEFAULT_GRACE_BUDGET_S) + STOP_MARGIN_S
@@ -423,20 +467,25 @@ class Fleet:
         error = _reply_error(reply)
         if error is not None:
             code, message = error
-            status = {"invalid": 400, "unavailable": 503}.get(code, 500)
-            raise FleetError(status, f"kernel {kernel_id}: {message}")
-        return {"kernel_id": kernel_id, "report": reply["content"]["report"]}
+            # Any other code is the kernel's failure, not the server's: a bad gateway, never a 500.
+            status = {"invalid": 400, "unavailable": 503}.get(code, 502)
+            raise FleetError(status, f"kernel {shown_id}: {message}")
+        report = _content(reply).get("report")
+        if not isinstance(report, dict):
+            raise FleetError(502, f"kernel {shown_id} answered the stop off-schema (no report)")
+        return {"kernel_id": kernel_id, "report": bounded_report(report)}
 
     async def _stop_exchange(
         self, kernel_id: str, km: Any, state: _Kernel, request: StopRequest, budget: float
     ) -> Reply:
         link = self._link(state, km)
+        shown_id = shown(kernel_id, ECHO_CHARS)
         if state.presence != "present":
             # A stop's reply comes when the stop ends, so the probe cannot follow it: ask a summary first.
             _reply, absent = await self._exchange(link, state, summary_request(), max(self.reply_timeout, 1.0))
             if absent:
                 self._mark_absent(kernel_id, state)
-                raise FleetError(409, f"nbcoord is not loaded in kernel {kernel_id}: run %load_ext nbcoord there")
+                raise FleetError(409, f"nbcoord is not loaded in kernel {shown_id}: run %load_ext nbcoord there")
         msg_id, future = link.request(REQUEST, stop_request(request))
         deadline = time.monotonic() + budget
         try:
@@ -445,11 +494,11 @@ class Fleet:
                 if future.done():
                     break
                 if not await is_alive(km):
-                    raise FleetError(502, f"kernel {kernel_id} died during the request")
+                    raise FleetError(502, f"kernel {shown_id} died during the request")
                 if time.monotonic() >= deadline:
                     raise FleetError(
                         504,
-                        f"kernel {kernel_id} did not answer within {budget:.0f} s: its main thread may hold the GIL "
+                        f"kernel {shown_id} did not answer within {budget:.0f} s: its main thread may hold the GIL "
                         "in native code; the stop stays queued there and acts when the kernel can",
                     )
         finally:
@@ -457,7 +506,7 @@ class Fleet:
         try:
             reply = future.result()
         except (LinkClosed, asyncio.CancelledError) as error:
-            raise FleetError(502, f"kernel {kernel_id} went away during the request") from error
+            raise FleetError(502, f"kernel {shown_id} went away during the request") from error
         state.presence = "present"
         return reply
 

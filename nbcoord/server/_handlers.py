@@ -12,6 +12,14 @@ Two choices here, against harm:
   own ``/api/status``): a dashboard or a scraper must not keep an idle server from being culled. A stop does count.
 - A cross-origin request that jupyter_server refuses with 404 (its Origin check for API handlers) is answered 403:
   the same check, the status that says what happened.
+- With ``ServerApp.authenticate_prometheus = False``, a scrape that is not authenticated gets totals over the
+  kernels only (as the server's own ``/metrics``): kernel ids and notebook paths are labels only for an
+  authenticated scrape, or where ``NBCoordServer.unauthenticated_kernel_labels`` says so.
+
+Hostile requests: a kernel id in a URL must have a kernel id's shape (else 404, the id not echoed), a stop body is
+checked field by field (:mod:`nbcoord.server._body`: 400, one sentence naming the field), and every error message
+is passed to tornado as an argument of ``"%s"``, escaped and cut (:mod:`nbcoord.server._text`): it is logged by
+tornado as one line, never parsed as a format string.
 """
 
 from __future__ import annotations
@@ -30,9 +38,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 from tornado import web
 
-from .._schema import SchemaError, parse_stop
+from ._body import BadRequest, check_kernel_id, parse_stop_body
 from ._fleet import Fleet, FleetError
 from ._metrics import FleetCollector
+from ._text import TEXT_CHARS, shown
 
 _Method = TypeVar("_Method")
 
@@ -47,6 +56,12 @@ except ImportError:  # older servers have no such check: the metrics handler dec
 AUTH_RESOURCE = "kernels"
 #: The settings key under which the extension keeps its fleet and options.
 SETTINGS_KEY = "nbcoord_server"
+
+
+def refuse(status: int, message: str) -> web.HTTPError:
+    """An HTTP error whose message (cut and escaped) is an argument, never a format string: tornado logs
+    ``log_message % args`` (a "%" in a value would break that line) and ``write_error`` answers it."""
+    return web.HTTPError(status, "%s", shown(message, TEXT_CHARS))
 
 
 def module_path() -> Path:
@@ -96,7 +111,9 @@ class _Api(_Mixin, APIHandler):
 
     def write_json(self, value: object) -> None:
         self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps(value))
+        # ensure_ascii (the default, said here because it matters): a path or name with a control or bidi character
+        # travels as its \\u escape, never as the raw character, in every byte the API sends.
+        self.finish(json.dumps(value, ensure_ascii=True))
 
 
 class KernelsHandler(_Api):
@@ -116,20 +133,17 @@ class StopHandler(_Api):
     @web.authenticated
     @authorized
     async def post(self, kernel_id: str) -> None:
-        if kernel_id not in self.kernel_manager:
-            raise web.HTTPError(404, f"no kernel {kernel_id[:80]} on this server")
         try:
-            body = json.loads(self.request.body or b"null")
-        except ValueError as error:
-            raise web.HTTPError(400, f"the body must be JSON: {error}") from error
-        try:
-            request = parse_stop(body)
-        except SchemaError as error:
-            raise web.HTTPError(400, str(error)) from error
+            check_kernel_id(kernel_id)
+            if kernel_id not in self.kernel_manager:
+                raise BadRequest(f"no kernel {kernel_id} on this server", status=404)
+            request = parse_stop_body(self.request.body or b"")
+        except BadRequest as error:
+            raise refuse(error.status, error.message) from None
         try:
             result = await self.fleet.stop(kernel_id, request)
         except FleetError as error:
-            raise web.HTTPError(error.status, error.message) from error
+            raise refuse(error.status, error.message) from None
         self.write_json(result)
 
 
@@ -138,20 +152,27 @@ class MetricsHandler(_Mixin, JupyterHandler):
 
     @allow_unauthenticated  # decided below, as the server's own /metrics decides
     async def get(self) -> None:
-        if self.settings.get("authenticate_prometheus", True):
-            if not self.logged_in:
-                raise web.HTTPError(403)
-            allowed = self.authorizer.is_authorized(self, self.current_user, "read", AUTH_RESOURCE)
-            if inspect.isawaitable(allowed):
-                allowed = await allowed
-            if not allowed:
-                raise web.HTTPError(403)
+        authenticated = await self._authorized()
+        if self.settings.get("authenticate_prometheus", True) and not authenticated:
+            raise web.HTTPError(403)
+        # Open metrics (authenticate_prometheus=False) are totals, unless the scrape is authenticated anyway or the
+        # server's owner said that kernel ids and notebook paths may be seen by whoever reaches this URL.
+        per_kernel = authenticated or bool(self.nbcoord_options.get("unauthenticated_kernel_labels", False))
         view = await self.fleet.view()
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(FleetCollector(view))
+        registry.register(FleetCollector(view, per_kernel=per_kernel))
         encoder, content_type = choose_encoder(self.request.headers.get("Accept", ""))
         self.set_header("Content-Type", content_type)
         self.finish(encoder(registry))
+
+    async def _authorized(self) -> bool:
+        """Whether the request is authenticated and may read the kernels."""
+        if not self.logged_in:
+            return False
+        allowed = self.authorizer.is_authorized(self, self.current_user, "read", AUTH_RESOURCE)
+        if inspect.isawaitable(allowed):
+            allowed = await allowed
+        return bool(allowed)
 
 
 class PageHandler(_Mixin, JupyterHandler):

@@ -1,11 +1,21 @@
 """Prometheus metrics of every kernel, computed per scrape from one fresh view (a custom ``prometheus_client``
 collector that yields ``GaugeMetricFamily`` objects; nothing is cached between scrapes).
 
-Every kernel series carries ``kernel_id`` and ``notebook`` (its session's path, "" without one); a few carry one more
-label with a small, fixed set of values: ``state`` (thread states), ``gpu`` (device index), ``queue`` (at most 16
-queues per kernel) or ``status``. No label is per thread, so the number of series grows with kernels, not with
-threads. Kernels without nbcoord still have ``nbcoord_kernel_up``, ``nbcoord_kernel_info``, RSS, worker processes and
-GPU memory: those are read from outside.
+Every kernel series carries ``kernel_id`` and ``notebook`` (its session's path, "" without one; cut to 500
+characters, and, as ``kernel_name`` and ``queue``, with control and bidi characters written as escapes: a label is
+read by people in dashboards and alerts); a few carry one more label with a small, fixed set of values: ``state``
+(thread states), ``gpu`` (device index), ``queue`` (at most 16 queues per kernel) or ``status``.
+
+Per-kernel series are for authenticated scrapes. With ``ServerApp.authenticate_prometheus = False`` a scrape without
+credentials gets totals over the server's kernels only (as jupyter_server's own ``/metrics``), with no kernel id,
+path or queue name (unless ``NBCoordServer.unauthenticated_kernel_labels``): ``nbcoord_kernels{status}``,
+``nbcoord_kernels_rss_bytes``, ``nbcoord_kernels_gpu_memory_bytes{gpu}`` (kernels and their workers),
+``nbcoord_kernels_worker_processes``, ``nbcoord_kernels_threads{state}``, ``nbcoord_kernels_zombie_threads``,
+``nbcoord_kernels_blocked_runs``, ``nbcoord_kernels_thread_failures`` and ``nbcoord_view_seconds``.
+
+No label is per thread, so the number of series grows with kernels, not with threads. Kernels without nbcoord still
+have ``nbcoord_kernel_up``, ``nbcoord_kernel_info``, RSS, worker processes and GPU memory: those are read from
+outside.
 
 =========================================================  ==========================================================
 ``nbcoord_kernels{status}``                                kernels by status (ok, no-nbcoord, not-answering, dead,
@@ -44,6 +54,7 @@ from prometheus_client.registry import Collector
 
 from .._schema import THREAD_STATES
 from ._model import FleetView, KernelRow
+from ._text import NAME_CHARS, TEXT_CHARS, shown
 
 KERNEL_LABELS = ["kernel_id", "notebook"]
 STATUSES = ("ok", "no-nbcoord", "not-answering", "dead", "error")
@@ -56,8 +67,9 @@ def _gauge(name: str, doc: str, extra: list[str] | None = None) -> GaugeMetricFa
 class FleetCollector(Collector):
     """Yields the metric families of one view (made for the scrape that asked for it)."""
 
-    def __init__(self, view: FleetView) -> None:
+    def __init__(self, view: FleetView, *, per_kernel: bool = True) -> None:
         self._view = view
+        self._per_kernel = per_kernel
 
     def describe(self) -> list[Any]:
         """Nothing to describe ahead of a scrape: the families depend on the kernels there are."""
@@ -67,10 +79,13 @@ class FleetCollector(Collector):
         """Every family, computed from the view."""
         rows = self._view["kernels"]
         yield self._by_status(rows)
-        families = _Families()
-        for row in rows:
-            families.add(row)
-        yield from families.all()
+        if self._per_kernel:
+            families = _Families()
+            for row in rows:
+                families.add(row)
+            yield from families.all()
+        else:
+            yield from _totals(rows)
         took = GaugeMetricFamily("nbcoord_view_seconds", "How long the view of every kernel took for this scrape.")
         took.add_metric([], self._view["took_ms"] / 1000.0)
         yield took
@@ -114,8 +129,8 @@ class _Families:
                                  "Threads still alive after the kernel's last stop.")
 
     def add(self, row: KernelRow) -> None:
-        key = [row["id"], row["path"] or ""]
-        self.info.add_metric([*key, row["name"], row["status"]], 1)
+        key = [shown(row["id"], NAME_CHARS), shown(row["path"] or "", TEXT_CHARS)]
+        self.info.add_metric([*key, shown(row["name"], NAME_CHARS), row["status"]], 1)
         self.up.add_metric(key, 0 if row["status"] == "dead" else 1)
         self.answering.add_metric(key, 1 if row["status"] == "ok" else 0)
         if row["answer_ms"] is not None:
@@ -140,7 +155,7 @@ class _Families:
         self.blocked_s.add_metric(key, summary["blocked_seconds"])
         for queue in summary["queues"]:
             if queue["fill"] is not None:
-                self.fill.add_metric([*key, queue["name"]], queue["fill"])
+                self.fill.add_metric([*key, shown(queue["name"], NAME_CHARS)], queue["fill"])
         self.failures.add_metric(key, summary["failures"])
         last = summary["last_stop"]
         if last is not None:
@@ -149,3 +164,33 @@ class _Families:
 
     def all(self) -> Iterator[GaugeMetricFamily]:
         yield from vars(self).values()
+
+
+def _totals(rows: list[KernelRow]) -> Iterator[GaugeMetricFamily]:
+    """Sums over the kernels, without a label that names a kernel, a notebook or a queue (open metrics)."""
+    rss = GaugeMetricFamily("nbcoord_kernels_rss_bytes", "Resident memory of the kernel processes, summed.")
+    rss.add_metric([], sum(row["rss"] or 0 for row in rows))
+    gpu_bytes: dict[int, int] = {}
+    for row in rows:
+        for held in row["gpu"]:
+            gpu_bytes[held["index"]] = gpu_bytes.get(held["index"], 0) + held["bytes"] + held["workers_bytes"]
+    gpu = GaugeMetricFamily("nbcoord_kernels_gpu_memory_bytes",
+                            "GPU memory the kernels and their descendants hold, per device, summed.", labels=["gpu"])
+    for index in sorted(gpu_bytes):
+        gpu.add_metric([str(index)], gpu_bytes[index])
+    workers = GaugeMetricFamily("nbcoord_kernels_worker_processes", "Descendant processes of the kernels, summed.")
+    workers.add_metric([], sum(row["worker_processes"] or 0 for row in rows))
+    summaries = [row["nbcoord"] for row in rows if row["nbcoord"] is not None]
+    threads = GaugeMetricFamily("nbcoord_kernels_threads", "Live threads started by cells, by state, summed.",
+                                labels=["state"])
+    for state in THREAD_STATES:
+        threads.add_metric([state], sum(s["threads_by_state"].get(state, 0) for s in summaries))
+    yield from (rss, gpu, workers, threads)
+    for name, total, doc in (
+        ("nbcoord_kernels_zombie_threads", sum(s["zombies"] for s in summaries), "Zombie threads in the kernels."),
+        ("nbcoord_kernels_blocked_runs", sum(s["blocked_runs"] for s in summaries), "Runs blocked now in the kernels."),
+        ("nbcoord_kernels_thread_failures", sum(s["failures"] for s in summaries), "Thread failures in the kernels."),
+    ):
+        family = GaugeMetricFamily(name, f"{doc[:-1]}, summed.")
+        family.add_metric([], total)
+        yield family
