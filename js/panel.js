@@ -6,7 +6,8 @@
  * queues, blocked, resources, failures, history, last_stop, outcome, stack, clock, beat, ack); this module only
  * draws it and sends commands (stop, restart, reclaim, stack, view), each with a click id. Every string from the
  * kernel is set with textContent, after control and bidirectional characters are shown escaped (`safe`):
- * nothing from the kernel is ever parsed as HTML, and no name can reorder the text around it.
+ * nothing from the kernel is ever parsed as HTML, and no name can reorder the text around it. Names arrive cut
+ * to 200 characters by the kernel (nbcoord._panel_state.NAME_CHARS), longer texts to 500.
  *
  * Drawing is keyed: each section has its own draw function, run only when a trait it shows changed; lists
  * (groups, rows, queues) keep one node per key and touch a node only when its data changed, so scroll
@@ -1446,8 +1447,10 @@ function outcomeSection(v) {
     const outcome = get("outcome");
     outcomeSec.hidden = !outcome;
     if (!outcome) return;
-    const what = outcome.kind === "restart" ? `Last restart (session ${safe(outcome.session || "?")})` : "Last reclaim";
-    setText(outcomeLabel, `${what}${outcome.ok === false ? ": failed" : ""}`);
+    // A stop click appears here only when it was refused (too many different stops waited); its report is below.
+    const what = outcome.kind === "restart" ? `Last restart (session ${safe(outcome.session || "?")})`
+      : outcome.kind === "stop" ? "Last stop click" : "Last reclaim";
+    setText(outcomeLabel, `${what}${outcome.refused ? ": refused" : outcome.ok === false ? ": failed" : ""}`);
     if (isNum(outcome.started_at)) {
       outcomeAgo.dataset.ago = String(outcome.started_at);
       setText(outcomeAgo, `${duration(kernelNow() - outcome.started_at)} ago, at ${clockTime(outcome.started_at)}`);

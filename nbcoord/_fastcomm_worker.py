@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from ._log import RateLimited
+from ._log import RateLimited, short
 
 __all__ = ["MAX_JOINED", "QUEUE_SIZE", "WORKER_THREAD_NAME", "Handler", "JoinedHandler", "Worker"]
 
@@ -54,6 +54,9 @@ _GATHER_S: Final = 0.005
 _JOIN_TIMEOUT_S: Final = 2.0
 
 _log_dropped = RateLimited(logging.WARNING, burst=3, window=60.0)
+#: A handler that raises (it should not: the panel's catches everything) is logged a few times a minute at most: the
+#: commands come from an untrusted front end, and a traceback per message would flood the log.
+_log_failed = RateLimited(logging.WARNING, burst=3, window=60.0)
 
 
 class _Queued:
@@ -180,10 +183,10 @@ class Worker:
     def _handle(self, item: _Queued) -> None:
         try:
             self._handler(item.comm_id, item.content)
-        except Exception:
-            logger.exception("nbcoord fast route: handler failed")
+        except Exception as error:
+            _log_failed("nbcoord fast route: handler failed: %s", short(error))
         if item.joined and self._joined is not None:
             try:
                 self._joined(item.comm_id, item.content, item.joined)
-            except Exception:
-                logger.exception("nbcoord fast route: handler failed")
+            except Exception as error:
+                _log_failed("nbcoord fast route: handler failed: %s", short(error))

@@ -22,7 +22,11 @@ Commands flow to one place. They arrive by two routes: the fast route of :mod:`n
 main thread, so a click acts while a cell is busy) and the widget's ordinary message (handled when the main
 thread is free); the first to arrive acts, the other is dropped by its ``click_id``. Each click taken is
 acknowledged at once (the ``ack`` trait): a click the front end sees no acknowledgement for within a second was not
-handled, because the main thread holds the GIL in a C call, and the view says so. Actions run on their own thread.
+handled, because the main thread holds the GIL in a C call, and the view says so. Every click acknowledged then gets
+an outcome (``last_stop`` or ``outcome`` names it): done, joined to an equal action, or refused with the reason.
+Stops and restarts run on their own thread; reclaims on the main thread, joined (:class:`._panel_actions.Reclaims`).
+A command that fails its checks is rejected through the rate-limited log (:func:`._panel_commands.reject`); one
+that raises anyway (a bug) is logged through a rate limit too, in one line: never a traceback per message.
 
 A panel nobody looks at costs nothing: each view announces itself and renews a lease every ``VIEW_RENEW_S``
 (the module does it); when no lease is left the sender parks until one comes back.
@@ -37,13 +41,14 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 import psutil
 
 from . import _fastcomm, _panel_actions, _report
 from ._internals import current_frames
+from ._log import RateLimited, short
 from ._panel_acks import Acknowledger
 from ._panel_commands import (
     ACTION_TYPES,
@@ -58,9 +63,12 @@ from ._panel_commands import (
 )
 from ._panel_sender import SENDER_THREAD_NAME, Sender, TraitSender
 from ._panel_state import (
+    NAME_CHARS,
+    TEXT_CHARS,
     _blocked_row,
     change_points,
     memory_close,
+    name_cut,
     panel_history,
     panel_state,
     restart_state,
@@ -101,7 +109,8 @@ _MAX_VIEWS: Final = 64
 _JOINED_PLACEHOLDER: Final = "joined-0"
 #: The former name of :func:`._panel_state.memory_close`.
 _memory_close = memory_close
-
+#: Commands that raised (a bug, not a rejection): a few lines a minute at most, whatever floods in.
+_log_failure = RateLimited(logging.WARNING, burst=3, window=60.0)
 
 
 class PanelController:
@@ -115,6 +124,12 @@ class PanelController:
         self._views: dict[str, float] = {}  # view id -> lease end (monotonic)
         self._clicks = ClickLedger()
         self._stops = StopRunner(self._run_action, self._action_done, self._action_failed)
+        self._reclaims = _panel_actions.Reclaims(
+            self._reclaim_report, self._action_done, self._action_failed, self._on_main_loop
+        )
+        #: Clicks acknowledged, and clicks answered with an outcome (done, failed or refused): equal once no action
+        #: waits or runs (tests and the benchmark read them).
+        self.clicks_answered = 0
         self._pending: dict[str, Any] = {}  # one-off traits (stack, clock) for the next tick
         self._pending_until = time.monotonic() + PENDING_VIEW_S
         self._stop_extra: dict[str, Any] | None = None
@@ -159,6 +174,11 @@ class PanelController:
             self._events.register("post_run_cell", self._cell_finished)
 
     # ----------------------------------------------------------------------------------------- lifecycle
+    @property
+    def clicks_acknowledged(self) -> int:
+        """Clicks acknowledged so far (see ``clicks_answered``)."""
+        return self._acks.acknowledged
+
     @property
     def _sent(self) -> dict[str, Any]:
         return self._traits.sent
@@ -359,8 +379,19 @@ class PanelController:
         """
         try:
             self._handle(content, route, joined)
-        except Exception:
-            log.warning("nbcoord: panel command failed", exc_info=True)
+        except Exception as error:
+            # Every field is checked before use, so this is a bug; a front end that finds it must not be able to
+            # write a traceback per message: one line, rate-limited, with where it raised and the content cut short.
+            tb = error.__traceback__
+            while tb is not None and tb.tb_next is not None:
+                tb = tb.tb_next
+            where = f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}" if tb is not None else "?"
+            _log_failure(
+                "nbcoord: a panel command raised %s at %s: %s",
+                name_cut(f"{type(error).__name__}: {error}", NAME_CHARS),
+                name_cut(where, NAME_CHARS),
+                name_cut(short(content), NAME_CHARS),
+            )
 
     def _handle(self, content: object, route: str, joined: Sequence[str]) -> None:
         received = time.time()
@@ -393,10 +424,11 @@ class PanelController:
         if command.type == "stack":
             self._stack(commands[-1])
         elif command.type == "reclaim":
-            for each in commands:
-                self._reclaim(each)
+            self._reclaims.submit(commands)
         else:
-            self._stops.submit_all(commands)
+            refusal = self._stops.submit_all(commands)
+            if refusal is not None:
+                self._action_failed(commands, Rejected(refusal), refused=True)
 
     @staticmethod
     def _joined_commands(command: Command, click_ids: Sequence[str]) -> list[Command]:
@@ -438,12 +470,13 @@ class PanelController:
         if record is None:
             return
         frame = current_frames().get(record.ident) if record.ident is not None else None
+        lines = format_stack(frame, cell_of=self.extension.cell_of_file) if frame is not None else []
         stack = {
             "tid": record.tid,
-            "name": record.name,
+            "name": name_cut(record.name),
             "click_id": command.click_id,
-            "stack": format_stack(frame, cell_of=self.extension.cell_of_file) if frame is not None else [],
-            "creation": creation_lines(record, self.extension.cell_of_file),
+            "stack": [name_cut(line, TEXT_CHARS) for line in lines],
+            "creation": [name_cut(line, TEXT_CHARS) for line in creation_lines(record, self.extension.cell_of_file)],
             "at": round(time.time(), 3),
         }
         with self._lock:
@@ -451,28 +484,24 @@ class PanelController:
         self._sender.wake()
 
     # ----------------------------------------------------------------------------------------- actions
-    def _reclaim(self, command: Command) -> None:
-        """Reclaim memory on the main thread (the only one it may run on): at once when the command arrived there,
-        else as soon as the kernel's event loop is free (after the running cell), never blocking the action thread
-        that a Stop all may need meanwhile."""
-        if threading.current_thread() is threading.main_thread():
-            self._run_reclaim(command)
-            return
+    def _on_main_loop(self, callback: Callable[[], None], delay: float) -> str | None:
+        """Run ``callback`` on the main thread once the kernel's event loop is free (after the running cell), and
+        ``delay`` seconds from now at the earliest; returns why it cannot."""
         loop = getattr(getattr(self.extension.shell, "kernel", None), "io_loop", None)
         add_callback = getattr(loop, "add_callback", None)
         if not callable(add_callback):
-            self._action_failed([command], RuntimeError("the kernel's main thread cannot be reached from here"))
-            return
-        add_callback(lambda: self._run_reclaim(command))
+            return "the kernel's main thread cannot be reached from here"
+        call_later = getattr(loop, "call_later", None)
+        if delay <= 0 or not callable(call_later):
+            add_callback(callback)
+        else:
+            # add_callback is the loop's one thread-safe entry; call_later is then called on the loop's thread.
+            add_callback(lambda: call_later(delay, callback))
+        return None
 
-    def _run_reclaim(self, command: Command) -> None:
-        try:
-            report = _panel_actions.reclaim(self.extension)
-        except Exception as error:
-            log.warning("nbcoord: the panel's reclaim failed", exc_info=True)
-            self._action_failed([command], error)
-            return
-        self._action_done([command], {"kind": "reclaim", "report": report})
+    def _reclaim_report(self) -> dict[str, Any]:
+        """One reclaim (on the main thread, the only one it may run on), as an action's result."""
+        return {"kind": "reclaim", "report": _panel_actions.reclaim(self.extension)}
 
     def _run_action(self, command: Command) -> dict[str, Any]:
         """The action runner's work (on its own thread): a stop, or a restart of a session's runners."""
@@ -508,6 +537,8 @@ class PanelController:
 
     def _action_done(self, commands: list[Command], result: dict[str, Any]) -> None:
         """Tell the views which clicks an action answered (the first, and up to 64 that joined it)."""
+        with self._lock:
+            self.clicks_answered += len(commands)
         first = commands[0]
         clicks = {
             "click_id": first.click_id,
@@ -545,13 +576,18 @@ class PanelController:
         )
         self._sender.wake()
 
-    def _action_failed(self, commands: list[Command], error: Exception) -> None:
-        """An action that raised (a restart of a session that closed meanwhile): the views say why."""
+    def _action_failed(self, commands: list[Command], error: Exception, *, refused: bool = False) -> None:
+        """An action that raised (a restart of a session that closed meanwhile), or clicks that were refused (too
+        many different stops wait): the views say why."""
+        with self._lock:
+            self.clicks_answered += len(commands)
         first = commands[0]
+        text = f"Refused: {error}" if refused else f"{type(error).__name__}: {error}"
         outcome = {
             "kind": first.type,
             "ok": False,
-            "text": f"{type(error).__name__}: {error}"[:1000],
+            "refused": refused,
+            "text": text[:1000],
             "click_id": first.click_id,
             "click_ids": [command.click_id for command in commands[-64:]],
             "started_at": round(time.time(), 3),

@@ -39,11 +39,14 @@ class Acknowledger:
         self._acked: collections.deque[str] = collections.deque(maxlen=ACKED_KEPT)
         self._held: dict[str, Any] | None = None
         self._sent_at = -math.inf
+        #: Clicks acknowledged so far (each gets an outcome later: see ``PanelController.clicks_answered``).
+        self.acknowledged = 0
 
     def acknowledge(self, command: Command, received: float, route: str, more: Sequence[str] = ()) -> None:
         """Acknowledge ``command``'s click and the clicks in ``more`` (equal commands that joined it), in one."""
         now = time.monotonic()
         with self._lock:
+            self.acknowledged += 1 + len(more)
             self._acked.append(command.click_id)
             self._acked.extend(more[-ACKED_KEPT:])
             ack = {

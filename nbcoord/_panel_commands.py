@@ -6,16 +6,21 @@ memory, a stack request, a view's presence. Each carries a ``click_id`` of the f
 panel's module numbers each view's clicks. Every command is checked by :func:`parse_command` against the ids this
 kernel issued: a thread id must name a live thread that a cell started (never the kernel's own threads, never
 nbcoord's), a cell number a cell that ran, a session id a session of the last snapshot that can be restarted.
-Anything else raises :class:`Rejected`, which the caller logs through a rate limit, with values cut short: a
-flood of bad messages writes a few lines to the kernel's log, and nothing into the running cell.
+Every field is checked by type and range before it is used (a list where a string belongs, ``10**400``, NaN, a
+value nested 400 deep or 100,000 characters long are all rejected the same way, never raised). Anything else
+raises :class:`Rejected`, which the caller logs through a rate limit, with values cut short (the reason and the
+content to ``REJECTED_CHARS`` characters each): a flood of bad messages writes a few lines to the kernel's log,
+and nothing into the running cell.
 
 A click reaches the kernel by up to two routes (the fast route, and the widget's ordinary message when the main
 thread is free), any time apart: :class:`ClickLedger` remembers which clicks were acted on, per view, as a
 watermark plus the few seen above it, so a click is acted on once however many messages come between its copies.
 
-Actions (stops, restarts, reclaims) are run by :class:`StopRunner`, on a thread of its own, never on a kernel
-channel thread or the main thread: taking a click costs a few microseconds whatever the action costs, and a click
-that arrives while an equal action waits or runs joins it (a burst of clicks is one stop, one report).
+Stops and restarts are run by :class:`StopRunner`, on a thread of its own, never on a kernel channel thread or
+the main thread: taking a click costs a few microseconds whatever the action costs, and a click that arrives while
+an equal action waits or runs joins it (a burst of clicks is one stop, one report). A click for yet another action
+when ``MAX_WAITING_STOPS`` different ones already wait is refused, and its outcome says so: every click that was
+acknowledged gets an outcome. Reclaims run on the main thread (see :mod:`._panel_actions`).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from typing import Any, Final, Literal
 
 from ._log import RateLimited, short
 from ._stop import ScopeKind
+from ._text import shown
 from ._threads import INTERNAL_PREFIX
 
 log = logging.getLogger("nbcoord")
@@ -40,8 +46,17 @@ COMMAND_TYPES: Final = frozenset({"stop", "stack", "view", "restart", "reclaim"}
 #: Types that are actions: run one after another on the runner's thread, and answered with an outcome.
 ACTION_TYPES: Final = frozenset({"stop", "restart", "reclaim"})
 STOP_THREAD_NAME: Final = f"{INTERNAL_PREFIX}panel-stop"
-#: Different stops that may wait at once; a click for yet another is dropped (and logged, rate-limited).
+#: Different stops that may wait at once; a click for yet another is refused (its outcome says why).
 MAX_WAITING_STOPS: Final = 8
+#: Characters of a rejection's reason, and of the rejected content's representation, in the log.
+REJECTED_CHARS: Final = 200
+#: The largest cell number a command may name (a cell's execution count).
+MAX_CELL: Final = 2**31 - 1
+#: ``clicked_at`` and ``client_time`` are times since the epoch, in milliseconds (the module's ``Date.now()``) or
+#: seconds: 0 to this (1e15 ms is the year 33658).
+MAX_TIME: Final = 1e15
+#: Ints beyond this do not convert to a float (``float(10**400)`` raises OverflowError).
+_FLOAT_INT: Final = 2**1023
 #: Click ids kept per view above its watermark, and views remembered.
 _MAX_ABOVE: Final = 1024
 _MAX_VIEWS: Final = 64
@@ -101,8 +116,12 @@ def is_click_id(value: object) -> bool:
 
 
 def is_number(value: object) -> bool:
-    """A finite int or float (not a bool)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite int or float (not a bool) that converts to a float: ``10**400`` is not one (and raises nothing)."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return -_FLOAT_INT < value < _FLOAT_INT
+    return isinstance(value, float) and math.isfinite(value)
 
 
 def _checked_id(content: Mapping[str, Any], key: str) -> str:
@@ -112,13 +131,22 @@ def _checked_id(content: Mapping[str, Any], key: str) -> str:
     return value
 
 
-def _optional_number(content: Mapping[str, Any], key: str) -> float | None:
+def _optional_time(content: Mapping[str, Any], key: str) -> float | None:
+    """A time since the epoch (ms or s), or None where the key is absent or null."""
     value = content.get(key)
     if value is None:
         return None
-    if not is_number(value):
-        raise Rejected(f"{key} must be a finite number")
+    if not is_number(value) or not 0 <= value <= MAX_TIME:
+        raise Rejected(f"{key} must be a finite number from 0 to {MAX_TIME:g}")
     return float(value)
+
+
+def _one_of(content: Mapping[str, Any], key: str, allowed: frozenset[str], why: str) -> str:
+    """A string field with one of a few values (checked for its type first: a list is not hashable)."""
+    value = content.get(key)
+    if not isinstance(value, str) or value not in allowed:
+        raise Rejected(why)
+    return value
 
 
 def parse_command(
@@ -144,17 +172,15 @@ def parse_command(
     click_id = _checked_id(content, "click_id")
     if not _CLICK_ID.fullmatch(click_id):
         raise Rejected("click_id must be <view id>-<number>")
-    clicked_at = _optional_number(content, "clicked_at")
+    clicked_at = _optional_time(content, "clicked_at")
     if kind == "view":
-        action = content.get("action")
-        if action not in _VIEW_ACTIONS:
-            raise Rejected("view action must be open, alive or close")
+        action = _one_of(content, "action", _VIEW_ACTIONS, "view action must be open, alive or close")
         return Command(
             "view",
             click_id,
             view_id=_checked_id(content, "view_id"),
-            action=str(action),
-            client_time=_optional_number(content, "client_time"),
+            action=action,
+            client_time=_optional_time(content, "client_time"),
         )
     if kind == "stack":
         return Command("stack", click_id, tid=_known_thread(content, thread_exists), clicked_at=clicked_at)
@@ -184,9 +210,7 @@ def _parse_stop(
     thread_exists: Callable[[str], bool],
     cell_exists: Callable[[int], bool],
 ) -> Command:
-    scope = content.get("scope")
-    if scope not in _STOP_SCOPES:
-        raise Rejected("stop scope must be all, cell, thread or zombies")
+    scope = _one_of(content, "scope", _STOP_SCOPES, "stop scope must be all, cell, thread or zombies")
     force = content.get("force", False)
     if not isinstance(force, bool):
         raise Rejected("force must be true or false")
@@ -199,7 +223,9 @@ def _parse_stop(
     tid: str | None = None
     if scope == "cell":
         value = content.get("cell")
-        if not isinstance(value, int) or isinstance(value, bool) or not cell_exists(value):
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_CELL:
+            raise Rejected("no cell has that number")
+        if not cell_exists(value):
             raise Rejected("no cell has that number")
         cell = value
     elif "cell" in content:
@@ -209,13 +235,23 @@ def _parse_stop(
     elif "tid" in content:
         raise Rejected("tid goes only with scope thread")
     return Command(
-        "stop", click_id, scope=scope, cell=cell, tid=tid, force=force, interrupt=interrupt, clicked_at=clicked_at
+        "stop",
+        click_id,
+        scope=scope,  # type: ignore[arg-type]  # one of _STOP_SCOPES, the values of ScopeKind
+        cell=cell,
+        tid=tid,
+        force=force,
+        interrupt=interrupt,
+        clicked_at=clicked_at,
     )
 
 
 def reject(why: Rejected, content: object) -> None:
-    """Log a rejected command (rate-limited, the content cut short)."""
-    log_rejection("nbcoord: panel rejected a command (%s): %s", why, short(content))
+    """Log a rejected command (rate-limited; its reason and the content cut to ``REJECTED_CHARS`` characters, and
+    escaped)."""
+    log_rejection(
+        "nbcoord: panel rejected a command (%s): %s", shown(why, REJECTED_CHARS), shown(short(content), REJECTED_CHARS)
+    )
 
 
 # ------------------------------------------------------------------------------------------------- clicks
@@ -296,39 +332,46 @@ class StopRunner:
         self._dropped = RateLimited(logging.WARNING, burst=3, window=60.0)
         self.stops_run = 0
 
-    def submit(self, command: Command) -> None:
-        """Queue a stop (or join an equal one); never blocks, whatever runs."""
-        self.submit_all([command])
+    def submit(self, command: Command) -> str | None:
+        """Queue a stop (or join an equal one); never blocks, whatever runs. Returns why it was refused (None:
+        taken, and ``done`` or ``error`` will answer it)."""
+        return self.submit_all([command])
 
-    def submit_all(self, commands: list[Command]) -> None:
+    def submit_all(self, commands: list[Command]) -> str | None:
         """Queue equal actions (the same ``stop_key``, clicks joined on the fast route) as :meth:`submit` would,
-        under one lock: the first queues a stop or joins one, the others join it."""
+        under one lock: the first queues a stop or joins one, the others join it. Returns why they were refused
+        (the caller answers them), or None."""
         if not commands:
-            return
+            return None
         command = commands[0]
         key = command.stop_key
         with self._lock:
             if self._stopping:
-                return
+                return "the panel is closing"
             if self._current is not None and self._current_key == key:
                 self._current.extend(commands)
-                return
+                return None
             waiting = self._waiting.get(key)
             if waiting is not None:
                 waiting.extend(commands)
-                return
+                return None
             if len(self._waiting) >= MAX_WAITING_STOPS:
+                waiting_now = len(self._waiting)
                 self._dropped(
-                    "nbcoord: %d different stops are already waiting; a %s stop click was dropped",
-                    len(self._waiting),
-                    command.scope,
+                    "nbcoord: %d different stops are already waiting; a %s click was refused",
+                    waiting_now,
+                    command.type,
                 )
-                return
+                return (
+                    f"{waiting_now} different stops are already waiting (at most {MAX_WAITING_STOPS}); "
+                    "click again once they have run"
+                )
             self._waiting[key] = list(commands)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name=STOP_THREAD_NAME, daemon=True)
                 self._thread.start()
             self._wake.notify()
+        return None
 
     @property
     def busy(self) -> bool:

@@ -9,6 +9,11 @@ moves only by visible steps (:func:`steady_resources`); history (sparklines) is 
 Every count is the true one. Thread rows are sent up to ``MAX_THREAD_ROWS`` (zombies first); ``groups`` gives
 each group's true count (threads and other items per cell, and the zombies), so that a view that shows fewer rows
 says so once, with the true number.
+
+Every name from outside (a thread's, an owner's, a task's, a queue's, a session's, a process's command line) is cut
+to ``NAME_CHARS`` (200) characters, the last an ellipsis, and every longer text (a blocked run's sentence, an
+exception message) to ``TEXT_CHARS`` (500), so that a 100,000-character thread name costs the front end no more
+than a short one (``nbcoord.snapshot()`` keeps it whole). The front end sets every string as text, escaped.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from ._panel_commands import is_number
+from ._schema import cut
 from ._snapshot import LedgerRow, Snapshot, ThreadRow
 
 HISTORY_POINTS: Final = 120
@@ -31,6 +37,15 @@ MAX_LEDGER_ROWS: Final = 500
 #: A stop report's outcome rows sent (the counts are always the true ones).
 MAX_OUTCOMES: Final = 200
 _MIB: Final = 1 << 20
+#: Characters of a name in the panel's state (the last one "…" when it was cut).
+NAME_CHARS: Final = 200
+#: Characters of a longer text in the panel's state (a sentence, an exception's message).
+TEXT_CHARS: Final = 500
+
+
+def name_cut(value: Any, limit: int = NAME_CHARS) -> Any:
+    """A string cut to ``limit`` characters, the last being "…" when it was longer; anything else as it is."""
+    return cut(value, limit) if isinstance(value, str) else value
 
 
 def mib(n: object) -> int | None:
@@ -66,18 +81,20 @@ def thread_row(row: ThreadRow, now: float) -> dict[str, Any]:
     last_active = row["last_active"]
     return {
         "tid": row["tid"],
-        "name": row["name"],
+        "name": name_cut(row["name"]),
         "cell": row["cell"],
         "state": row["state"],
         "zombie": row["zombie"],
         "reasons": _reasons(row["zombie_reasons"]),
         "daemon": row["daemon"],
-        "owners": [{"kind": o["kind"], "label": o["label"], "closed": o["closed"]} for o in row["owners"]],
+        "owners": [
+            {"kind": name_cut(o["kind"]), "label": name_cut(o["label"]), "closed": o["closed"]} for o in row["owners"]
+        ],
         "started_at": _t(row["started_at"]),
         "last_active": None if now - last_active < ACTIVE_WINDOW_S else _t(last_active, 1),
         "cpu_s": _significant(row["cpu_s"]),
         "stop_requested_at": _t(row["stop_requested_at"]),
-        "last_exception": row["last_exception"],
+        "last_exception": name_cut(row["last_exception"], TEXT_CHARS),
     }
 
 
@@ -86,13 +103,13 @@ def ledger_row(row: LedgerRow) -> dict[str, Any]:
     return {
         "id": row["id"],
         "kind": row["kind"],
-        "label": row["label"],
+        "label": name_cut(row["label"]),
         "cell": row["cell"],
         "state": row["state"],
         "zombie": row["zombie"],
         "reasons": _reasons(row["zombie_reasons"]),
         "started_at": _t(row["started_at"]),
-        "detail": row["detail"],
+        "detail": name_cut(row["detail"], TEXT_CHARS),
         "pids": list(row["pids"])[:20],
     }
 
@@ -153,7 +170,7 @@ def _cells(snapshot: Snapshot, wanted: set[int]) -> list[dict[str, Any]]:
     return [
         {
             "n": c["execution_count"],
-            "line": c["first_line"][:200],
+            "line": name_cut(c["first_line"]),
             "outcome": c["outcome"],
             "started_at": _t(c["started_at"]),
             "ended_at": _t(c["ended_at"]),
@@ -165,7 +182,8 @@ def _cells(snapshot: Snapshot, wanted: set[int]) -> list[dict[str, Any]]:
 
 # -------------------------------------------------------------------------------------- queues and runs
 def _queue_row(queue: Mapping[str, Any]) -> dict[str, Any]:
-    row = {key: value for key, value in queue.items() if key != "history"}
+    row = {key: name_cut(value, NAME_CHARS if key == "name" else TEXT_CHARS) for key, value in queue.items()
+           if key != "history"}
     for key in ("enqueue_rate", "dequeue_rate"):
         if is_number(row.get(key)):
             row[key] = round(float(row[key]), 1)
@@ -186,6 +204,9 @@ def templated(row: Mapping[str, Any]) -> dict[str, Any]:
             out["text"] = text.replace(written, "{duration}", 1)
             out["since"] = _t(since, 1)
             del out["seconds"]
+    for key in ("text", "thread", "name"):
+        if key in out:
+            out[key] = name_cut(out[key], TEXT_CHARS if key == "text" else NAME_CHARS)
     return out
 
 
@@ -219,9 +240,9 @@ def session_row(session: Mapping[str, Any]) -> dict[str, Any]:
     for runner in session.get("runners") or []:
         row = {
             "tid": runner.get("tid"),
-            "name": runner.get("name"),
-            "role": runner.get("role"),
-            "queue_name": runner.get("queue_name"),
+            "name": name_cut(runner.get("name")),
+            "role": name_cut(runner.get("role")),
+            "queue_name": name_cut(runner.get("queue_name")),
             "stuck": bool(runner.get("stuck")),
         }
         if row["stuck"] and isinstance(runner.get("text"), str):
@@ -230,7 +251,7 @@ def session_row(session: Mapping[str, Any]) -> dict[str, Any]:
         runners.append(row)
     return {
         "id": session.get("id"),
-        "target": session.get("target"),
+        "target": name_cut(session.get("target")),
         "closed": bool(session.get("closed")),
         "cell": session.get("cell"),
         "runner_threads": session.get("runner_threads"),
@@ -245,11 +266,11 @@ def restart_state(report: Mapping[str, Any] | None) -> dict[str, Any] | None:
     if not report:
         return None
     return {
-        "session": report.get("session"),
+        "session": name_cut(report.get("session")),
         "started_at": _t(report.get("started_at"), 3),
         "took_s": _t(report.get("took_s"), 3),
         "text": str(report.get("text") or "")[:4000],
-        "errors": [str(e)[:300] for e in (report.get("errors") or [])[:10]],
+        "errors": [name_cut(str(e), TEXT_CHARS) for e in (report.get("errors") or [])[:10]],
     }
 
 
@@ -271,7 +292,7 @@ def _resources(resources: Mapping[str, Any] | None) -> dict[str, Any] | None:
     gpu = dict(resources.get("gpu") or {})
     gpu["devices"] = [
         {
-            **device,
+            **{k: name_cut(v) for k, v in device.items()},
             **{k: mib(device.get(k)) for k in ("used", "process_used", "tf_current", "tf_peak") if k in device},
         }
         for device in gpu.get("devices") or []
@@ -279,7 +300,7 @@ def _resources(resources: Mapping[str, Any] | None) -> dict[str, Any] | None:
     children = [
         {
             "pid": c.get("pid"),
-            "cmdline": str(c.get("cmdline", ""))[:200],
+            "cmdline": name_cut(str(c.get("cmdline", ""))),
             "status": c.get("status"),
             "rss": mib(c.get("rss")),
             "gpu_mem": mib(c.get("gpu_mem")),
@@ -345,10 +366,10 @@ def steady_resources(new: dict[str, Any] | None, old: dict[str, Any] | None) -> 
 def _failures(snapshot: Snapshot) -> list[dict[str, Any]]:
     return [
         {
-            "thread_name": f["thread_name"],
+            "thread_name": name_cut(f["thread_name"]),
             "cell": f["cell"],
-            "exc_type": f["exc_type"],
-            "message": f["message"][:300],
+            "exc_type": name_cut(f["exc_type"]),
+            "message": name_cut(f["message"], TEXT_CHARS),
             "traceback": f["traceback"][-4000:],
             "at": _t(f["at"]),
         }
@@ -357,7 +378,10 @@ def _failures(snapshot: Snapshot) -> list[dict[str, Any]]:
 
 
 def _outcomes(rows: Sequence[Mapping[str, Any]], limit: int) -> list[dict[str, Any]]:
-    return [{"tid": r["tid"], "name": r["name"], "cell": r["cell"], "reason": r["reason"]} for r in rows[:limit]]
+    return [
+        {"tid": r["tid"], "name": name_cut(r["name"]), "cell": r["cell"], "reason": name_cut(r["reason"], TEXT_CHARS)}
+        for r in rows[:limit]
+    ]
 
 
 def stop_state(report: Mapping[str, Any] | None, extra: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -377,11 +401,16 @@ def stop_state(report: Mapping[str, Any] | None, extra: Mapping[str, Any] | None
         "alive": _outcomes(report["alive"], MAX_OUTCOMES),
         "items_stopped": sum(1 for i in items if i.get("stopped")),
         "items_alive": [
-            {"id": i.get("id"), "label": i.get("label"), "cell": i.get("cell"), "reason": i.get("reason")}
+            {
+                "id": i.get("id"),
+                "label": name_cut(i.get("label")),
+                "cell": i.get("cell"),
+                "reason": name_cut(i.get("reason"), TEXT_CHARS),
+            }
             for i in items
             if not i.get("stopped")
         ][:MAX_OUTCOMES],
-        "stopper_errors": list(report["stopper_errors"])[:20],
+        "stopper_errors": [name_cut(e, TEXT_CHARS) for e in list(report["stopper_errors"])[:20]],
         "children": report["children"],
     }
     if extra is not None and extra.get("started_at") == report["started_at"]:
@@ -476,7 +505,7 @@ def panel_history(snapshot: Snapshot, resource_history: Sequence[Mapping[str, An
         close=memory_close,
     )
     queues = {
-        str(q.get("id", q.get("name"))): change_points(q.get("history") or [], now=now)
+        str(q.get("id", name_cut(q.get("name")))): change_points(q.get("history") or [], now=now)
         for q in snapshot["queues"]
         if q.get("history")
     }

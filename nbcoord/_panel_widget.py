@@ -15,7 +15,11 @@ from typing import Any, Final
 import anywidget
 import traitlets
 
+from ._log import RateLimited, short
+
 log = logging.getLogger("nbcoord")
+#: A front end can send state updates as fast as it likes: a few lines a minute, keys cut short.
+_log_refused_state = RateLimited(logging.WARNING, burst=5, window=60.0)
 
 #: Every synced trait but ``_esm`` and ``_fast_route``: what the front end listens to.
 STATE_TRAITS: Final = (
@@ -102,8 +106,8 @@ class NBCoordPanel(anywidget.AnyWidget):
 
     def set_state(self, sync_data: Any) -> None:
         """Refuse state from the front end: the panel's state is the kernel's to set."""
-        keys = sorted(map(str, sync_data))[:5] if isinstance(sync_data, Mapping) else []
-        log.warning("nbcoord: panel rejected a state update from the front end (keys %s)", keys)
+        keys = [short(key) for key in sorted(map(str, sync_data))[:5]] if isinstance(sync_data, Mapping) else []
+        _log_refused_state("nbcoord: panel rejected a state update from the front end (keys %s)", ", ".join(keys))
 
     def _repr_mimebundle_(self, **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
         bundle = super()._repr_mimebundle_(**kwargs)

@@ -18,211 +18,19 @@ Latencies (click sent -> handler started, both on this machine's clock) are atta
 
 from __future__ import annotations
 
-import json
-import os
-import queue
 import sys
-import tempfile
-import textwrap
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 from helpers import wait_until
-from jupyter_client.kernelspec import KernelSpecManager
-from jupyter_client.manager import KernelManager
+from panel_support import IK6_PYTHON, INTERVAL, SETUP, PanelKernel, click, reported
 
 from nbcoord import _panel, _panel_commands, _panel_sender
-
-REPO = Path(__file__).resolve().parents[1]
-IK6_PYTHON = Path(os.environ.get("NBCOORD_IK6_PYTHON", REPO / ".venv-ik6" / "bin" / "python"))
-INTERVAL = 0.2
-
-SETUP = f"""
-%load_ext nbcoord
-%nbcoord config panel_interval={INTERVAL}
-import json, logging, threading, time
-import nbcoord
-from nbcoord import _panel, _panel_commands
-log_lines = []
-class _Keep(logging.Handler):
-    def emit(self, record):
-        log_lines.append(record.levelname + " " + record.getMessage())
-for _h in [h for h in logging.getLogger("nbcoord").handlers if type(h).__name__ == "_Keep"]:
-    logging.getLogger("nbcoord").removeHandler(_h)
-logging.getLogger("nbcoord").addHandler(_Keep())
-logging.getLogger("nbcoord").setLevel(logging.INFO)
-def workers(prefix, n=3):
-    def work():
-        while not nbcoord.should_stop():
-            time.sleep(0.01)
-    threads = [threading.Thread(target=work, name=f"{{prefix}}-{{i}}", daemon=True) for i in range(n)]
-    for t in threads:
-        t.start()
-    return threads
-p = nbcoord.panel()
-controller = _panel.controller_for(nbcoord._extension)
-p
-"""
-
-
-class PanelKernel:
-    """A real kernel with nbcoord's panel displayed, and the bookkeeping of a front end."""
-
-    def __init__(self, name: str, python: str) -> None:
-        self.name = name
-        self._tmp = tempfile.TemporaryDirectory(prefix="nbcoord-panel-")
-        spec = Path(self._tmp.name) / "kernels" / "nbcoord-panel"
-        spec.mkdir(parents=True)
-        argv = [python, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
-        (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": name, "language": "python"}))
-        specs = KernelSpecManager(kernel_dirs=[str(spec.parent)])
-        self.km = KernelManager(kernel_name="nbcoord-panel", kernel_spec_manager=specs)
-        env = {**os.environ, "IPYTHONDIR": self._tmp.name, "PYTHONPATH": str(REPO)}
-        self.km.start_kernel(env=env, cwd=self._tmp.name)
-        self.kc = self.km.client()
-        self.kc.start_channels()
-        self.kc.wait_for_ready(timeout=60)
-        self.comm_msgs: list[tuple[float, dict[str, Any]]] = []
-        self.streams: dict[str, str] = {}
-        self.results: dict[str, list[dict[str, Any]]] = {}
-        self.replies: dict[str, dict[str, Any]] = {}
-        self.idle: set[str] = set()
-        msg_id = self.submit(SETUP)
-        self.finish(msg_id)
-        self.comm_id = self.value("p.comm.comm_id")
-        self.route = self.value("p._fast_route['kind']")
-
-    # ------------------------------------------------------------------------------------- plumbing
-    def pump(self, timeout: float = 0.02) -> None:
-        """Read what the kernel sent so far (iopub and shell), keeping what the tests look at."""
-        kc = self.kc
-        while True:
-            try:
-                msg = kc.get_iopub_msg(timeout=timeout)
-            except queue.Empty:
-                break
-            timeout = 0.0
-            parent = msg["parent_header"].get("msg_id", "")
-            kind, content = msg["msg_type"], msg["content"]
-            if kind.startswith("comm_"):
-                self.comm_msgs.append((time.time(), msg))
-            elif kind == "stream":
-                self.streams[parent] = self.streams.get(parent, "") + content["text"]
-            elif kind in ("execute_result", "display_data"):
-                self.results.setdefault(parent, []).append(content)
-            elif kind == "error":
-                self.streams[parent] = self.streams.get(parent, "") + "\n".join(content["traceback"])
-            elif kind == "status" and content["execution_state"] == "idle":
-                self.idle.add(parent)
-        while True:
-            try:
-                reply = kc.get_shell_msg(timeout=0)
-            except queue.Empty:
-                break
-            self.replies[reply["parent_header"].get("msg_id", "")] = reply
-
-    def submit(self, code: str) -> str:
-        return str(self.kc.execute(textwrap.dedent(code)))
-
-    @property
-    def pid(self) -> int:
-        return int(self.km.provisioner.process.pid)  # type: ignore[union-attr]
-
-    def interrupt(self) -> None:
-        self.km.interrupt_kernel()
-
-    def finish(self, msg_id: str, timeout: float = 60.0, allow_error: bool = False) -> str:
-        """Wait for a submitted cell's reply and idle status; returns what it printed."""
-
-        def done() -> bool:
-            self.pump()
-            return msg_id in self.replies and msg_id in self.idle
-
-        wait_until(done, timeout, what=f"cell {msg_id} to finish; printed so far: {self.streams.get(msg_id)!r}")
-        if not allow_error:
-            status = self.replies[msg_id]["content"]["status"]
-            assert status == "ok", self.streams.get(msg_id)
-        return self.streams.get(msg_id, "")
-
-    def run(self, code: str, timeout: float = 60.0) -> str:
-        return self.finish(self.submit(code), timeout)
-
-    def value(self, expression: str) -> Any:
-        import json
-
-        out = self.run(f"print('@@' + json.dumps({expression}))")
-        line = next(line for line in out.splitlines() if line.startswith("@@"))
-        return json.loads(line[2:])
-
-    def printed(self, msg_id: str, text: str) -> bool:
-        """Whether the cell ``msg_id`` printed ``text`` so far."""
-        self.pump()
-        return text in self.streams.get(msg_id, "")
-
-    def state(self) -> dict[str, Any]:
-        """The widget's state as the front end has it: comm_open's state, then every update, in order."""
-        self.pump()
-        state: dict[str, Any] = {}
-        for _, msg in self.comm_msgs:
-            content = msg["content"]
-            if content.get("comm_id") != self.comm_id:
-                continue
-            data = content.get("data", {})
-            if msg["msg_type"] == "comm_open" or data.get("method") == "update":
-                state.update(data.get("state", {}))
-        return state
-
-    def updates_until(self, until: float) -> list[dict[str, Any]]:
-        return [
-            msg["content"]["data"]["state"]
-            for at, msg in self.comm_msgs
-            if at < until
-            and msg["msg_type"] in ("comm_open", "comm_msg")
-            and msg["content"].get("comm_id") == self.comm_id
-            and "state" in msg["content"]["data"]
-        ]
-
-    def updates_since(self, since: float) -> list[dict[str, Any]]:
-        self.pump()
-        return [
-            msg["content"]["data"]["state"]
-            for at, msg in self.comm_msgs
-            if at >= since
-            and msg["msg_type"] == "comm_msg"
-            and msg["content"].get("comm_id") == self.comm_id
-            and msg["content"]["data"].get("method") == "update"
-        ]
-
-    def send(self, command: dict[str, Any], comm_id: str | None = None, method: str = "custom") -> None:
-        """Send a command as the panel's module does: ordinary message, plus control when that is the route."""
-        kc = self.kc
-        data: dict[str, Any] = {"method": method}
-        if method == "custom":
-            data["content"] = command
-        else:
-            data.update(command)
-        content = {"comm_id": comm_id or self.comm_id, "data": data}
-        if self.route == "control":
-            kc.control_channel.send(kc.session.msg("comm_msg", content))
-        kc.shell_channel.send(kc.session.msg("comm_msg", content))
-
-    def open_view(self) -> str:
-        view = f"view{uuid.uuid4().hex[:8]}"
-        self.send({"type": "view", "view_id": view, "action": "open", "click_id": f"{view}-0", "client_time": 0})
-        return view
-
-    def close(self) -> None:
-        try:
-            self.kc.stop_channels()
-        finally:
-            self.km.shutdown_kernel(now=True)
-            self._tmp.cleanup()
 
 
 def _environments() -> list[Any]:
@@ -251,18 +59,6 @@ def state_at(pk: PanelKernel, moment: float) -> dict[str, Any]:
     return state
 
 
-def reported(pk: PanelKernel, click_id: str, timeout: float = 10) -> dict[str, Any]:
-    """The stop's report as the front end has it, once it answers ``click_id``."""
-
-    def seen() -> dict[str, Any] | None:
-        last = pk.state().get("last_stop")
-        return last if last and last.get("click_id") == click_id else None
-
-    value = wait_until(seen, timeout, what=f"the report of {click_id}")
-    assert value is not None
-    return value
-
-
 def ticked(controller: Any, read: Callable[[], Any], what: str) -> Any:
     """Tick the controller (its sender stopped) until ``read()`` gives something."""
 
@@ -271,11 +67,6 @@ def ticked(controller: Any, read: Callable[[], Any], what: str) -> Any:
         return read()
 
     return wait_until(once, 10, what=what)
-
-
-def click(prefix: str = "c") -> str:
-    """A click id as the module makes them: ``<view id>-<n>`` (a view of its own for each click here)."""
-    return f"{prefix.replace('-', '')}{uuid.uuid4().hex[:8]}-1"
 
 
 @pytest.mark.kernel
@@ -1258,3 +1049,68 @@ def test_a_held_acknowledgement_goes_out_when_the_spacing_has_passed_not_before(
     acks.acknowledge(SimpleNamespace(click_id="j-1", type="stop"), time.time(), "shell-channel", ["j-2", "j-3"])  # type: ignore[arg-type]
     wait_until(lambda: acks.send_due() is None and sent[-1]["click_id"] == "j-3", 2, what="the joined clicks' ack")
     assert sent[-1]["click_ids"][-3:] == ["j-1", "j-2", "j-3"]
+
+
+def test_every_field_is_checked_by_type_and_range_before_use() -> None:
+    # Unhashable values where a string belongs, ints no float can hold, NaN: rejected, never raised.
+    hostile: list[tuple[dict[str, Any], str]] = [
+        ({"type": "stop", "scope": ["all"], "click_id": "v1-1"}, "scope"),
+        ({"type": "stop", "scope": {"all": 1}, "click_id": "v1-1"}, "scope"),
+        ({"type": "view", "view_id": "v1", "action": ["open"], "click_id": "v1-1"}, "view action"),
+        ({"type": "stop", "scope": "all", "click_id": "v1-1", "clicked_at": 10**400}, "clicked_at"),
+        ({"type": "stop", "scope": "all", "click_id": "v1-1", "clicked_at": -1}, "clicked_at"),
+        ({"type": "stop", "scope": "all", "click_id": "v1-1", "clicked_at": 1e308}, "clicked_at"),
+        ({"type": "view", "view_id": "v1", "action": "open", "click_id": "v1-1", "client_time": 10**400}, "client"),
+        ({"type": "stop", "scope": "cell", "cell": 10**400, "click_id": "v1-1"}, "no cell"),
+        ({"type": "stop", "scope": "cell", "cell": -3, "click_id": "v1-1"}, "no cell"),
+        ({"type": ["stop"], "click_id": "v1-1"}, "unknown command type"),
+    ]
+    for content, why in hostile:
+        with pytest.raises(_panel.Rejected, match=why):
+            parse(content, cells=(3, -3, 10**400))
+    assert not _panel_commands.is_number(10**400) and _panel_commands.is_number(2**64)
+
+
+def test_a_click_for_one_stop_too_many_is_refused_with_its_reason() -> None:
+    release = threading.Event()
+    answered: list[tuple[list[str], Any]] = []
+    runner = _panel_commands.StopRunner(
+        lambda c: release.wait(10), lambda cs, r: answered.append(([c.click_id for c in cs], r))
+    )
+    tids = tuple(f"t{n}" for n in range(12))
+    try:
+        stops = [
+            parse({"type": "stop", "scope": "thread", "tid": tid, "click_id": f"v-{n}"}, tids=tids)
+            for n, tid in enumerate(tids)
+        ]
+        assert runner.submit(stops[0]) is None
+        wait_until(lambda: runner._current is not None, 5, what="the first stop to run")
+        refusals = [runner.submit(stop) for stop in stops[1:]]
+        assert refusals[: _panel_commands.MAX_WAITING_STOPS] == [None] * _panel_commands.MAX_WAITING_STOPS
+        assert all(r is not None and "already waiting" in r for r in refusals[_panel_commands.MAX_WAITING_STOPS :])
+    finally:
+        release.set()
+        runner.close()
+
+
+def test_reclaim_clicks_join_the_reclaim_that_waits_or_runs() -> None:
+    from nbcoord._panel_actions import Reclaims
+
+    scheduled: list[tuple[Callable[[], None], float]] = []
+    done: list[list[str]] = []
+    reclaims = Reclaims(
+        lambda: {"kind": "reclaim", "report": {"text": "ok"}},
+        lambda commands, _result: done.append([c.click_id for c in commands]),
+        lambda commands, error: pytest.fail(f"{error}"),
+        lambda callback, delay: scheduled.append((callback, delay)) and None,
+        spacing=1.0,
+    )
+    clicks = [parse({"type": "reclaim", "click_id": f"r-{n}"}) for n in range(300)]
+    worker = threading.Thread(target=lambda: [reclaims.submit([c]) for c in clicks])  # as the fast route does
+    worker.start()
+    worker.join(10)
+    assert len(scheduled) == 1 and scheduled[0][1] == 0, "one reclaim scheduled for 300 clicks"
+    scheduled.pop()[0]()  # the main thread's loop runs it
+    assert reclaims.runs == 1 and done == [[f"r-{n}" for n in range(300)]]
+    reclaims.submit([parse({"type": "reclaim", "click_id": "r-300"})])
+    assert len(scheduled) == 1 and 0 < scheduled[0][1] <= 1.0, "the next one waits for the spacing"

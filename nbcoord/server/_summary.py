@@ -18,8 +18,8 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .._schema import MAX_BLOCKED, MAX_CELLS, MAX_NAMES, MAX_QUEUES, KernelSummary
-from ._text import NAME_CHARS, TEXT_CHARS, cut, echoed
+from .._schema import MAX_BLOCKED, MAX_CELLS, MAX_NAMES, MAX_QUEUES, KernelSummary, cut
+from ._text import NAME_CHARS, TEXT_CHARS, echoed
 
 #: The most devices, reasons or thread states a summary lists (more are cut).
 MAX_ENTRIES = 64

@@ -1,0 +1,255 @@
+"""Shared by the panel's kernel tests (test_panel_kernel.py, test_panel_fuzz.py): a real kernel with nbcoord's
+panel displayed, driven as a front end drives it, over iopub and comm messages."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import tempfile
+import textwrap
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from helpers import wait_until
+from jupyter_client.jsonutil import json_default
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import KernelManager
+
+REPO = Path(__file__).resolve().parents[1]
+IK6_PYTHON = Path(os.environ.get("NBCOORD_IK6_PYTHON", REPO / ".venv-ik6" / "bin" / "python"))
+INTERVAL = 0.2
+
+SETUP = f"""
+%load_ext nbcoord
+%nbcoord config panel_interval={INTERVAL}
+import json, logging, threading, time
+import nbcoord
+from nbcoord import _panel, _panel_commands
+log_lines = []
+class _Keep(logging.Handler):
+    def emit(self, record):
+        log_lines.append(record.levelname + " " + record.getMessage())
+for _h in [h for h in logging.getLogger("nbcoord").handlers if type(h).__name__ == "_Keep"]:
+    logging.getLogger("nbcoord").removeHandler(_h)
+logging.getLogger("nbcoord").addHandler(_Keep())
+logging.getLogger("nbcoord").setLevel(logging.INFO)
+def workers(prefix, n=3):
+    def work():
+        while not nbcoord.should_stop():
+            time.sleep(0.01)
+    threads = [threading.Thread(target=work, name=f"{{prefix}}-{{i}}", daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    return threads
+p = nbcoord.panel()
+controller = _panel.controller_for(nbcoord._extension)
+p
+"""
+
+
+def _lenient_pack(obj: object) -> bytes:
+    # ASCII JSON: a lone surrogate travels as its escape (valid UTF-8 on the wire), NaN as NaN.
+    return json.dumps(obj, default=json_default).encode("ascii")
+
+
+class PanelKernel:
+    """A real kernel with nbcoord's panel displayed, and the bookkeeping of a front end."""
+
+    def __init__(self, name: str, python: str, *, log: bool = False) -> None:
+        """``log``: the kernel's standard error (the Jupyter server's log, where nbcoord logs) goes to a file that
+        :meth:`log_text` reads, and the kernel captures its streams as under a server (ipykernel 7 then forwards
+        file descriptors 1 and 2 into the running cell, which it does not do under pytest)."""
+        self.name = name
+        self._tmp = tempfile.TemporaryDirectory(prefix="nbcoord-panel-")
+        self.log_path = Path(self._tmp.name) / "kernel-stderr.log" if log else None
+        spec = Path(self._tmp.name) / "kernels" / "nbcoord-panel"
+        spec.mkdir(parents=True)
+        argv = [python, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+        (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": name, "language": "python"}))
+        specs = KernelSpecManager(kernel_dirs=[str(spec.parent)])
+        self.km = KernelManager(kernel_name="nbcoord-panel", kernel_spec_manager=specs)
+        env = {**os.environ, "IPYTHONDIR": self._tmp.name, "PYTHONPATH": str(REPO)}
+        if self.log_path is not None:
+            env.pop("PYTEST_CURRENT_TEST", None)
+            with self.log_path.open("wb") as log_file:  # the kernel keeps its own descriptor of it
+                self.km.start_kernel(env=env, cwd=self._tmp.name, stderr=log_file)
+        else:
+            self.km.start_kernel(env=env, cwd=self._tmp.name)
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=60)
+        self.comm_msgs: list[tuple[float, dict[str, Any]]] = []
+        self.streams: dict[str, str] = {}
+        self.results: dict[str, list[dict[str, Any]]] = {}
+        self.replies: dict[str, dict[str, Any]] = {}
+        self.idle: set[str] = set()
+        msg_id = self.submit(SETUP)
+        self.finish(msg_id)
+        self.comm_id = self.value("p.comm.comm_id")
+        self.route = self.value("p._fast_route['kind']")
+
+    # ------------------------------------------------------------------------------------- plumbing
+    def pump(self, timeout: float = 0.02) -> None:
+        """Read what the kernel sent so far (iopub and shell), keeping what the tests look at."""
+        kc = self.kc
+        while True:
+            try:
+                msg = kc.get_iopub_msg(timeout=timeout)
+            except queue.Empty:
+                break
+            timeout = 0.0
+            parent = msg["parent_header"].get("msg_id", "")
+            kind, content = msg["msg_type"], msg["content"]
+            if kind.startswith("comm_"):
+                self.comm_msgs.append((time.time(), msg))
+            elif kind == "stream":
+                self.streams[parent] = self.streams.get(parent, "") + content["text"]
+            elif kind in ("execute_result", "display_data"):
+                self.results.setdefault(parent, []).append(content)
+            elif kind == "error":
+                self.streams[parent] = self.streams.get(parent, "") + "\n".join(content["traceback"])
+            elif kind == "status" and content["execution_state"] == "idle":
+                self.idle.add(parent)
+        while True:
+            try:
+                reply = kc.get_shell_msg(timeout=0)
+            except queue.Empty:
+                break
+            self.replies[reply["parent_header"].get("msg_id", "")] = reply
+
+    def submit(self, code: str) -> str:
+        return str(self.kc.execute(textwrap.dedent(code)))
+
+    @property
+    def pid(self) -> int:
+        return int(self.km.provisioner.process.pid)  # type: ignore[union-attr]
+
+    def interrupt(self) -> None:
+        self.km.interrupt_kernel()
+
+    def finish(self, msg_id: str, timeout: float = 60.0, allow_error: bool = False) -> str:
+        """Wait for a submitted cell's reply and idle status; returns what it printed."""
+
+        def done() -> bool:
+            self.pump()
+            return msg_id in self.replies and msg_id in self.idle
+
+        wait_until(done, timeout, what=f"cell {msg_id} to finish; printed so far: {self.streams.get(msg_id)!r}")
+        if not allow_error:
+            status = self.replies[msg_id]["content"]["status"]
+            assert status == "ok", self.streams.get(msg_id)
+        return self.streams.get(msg_id, "")
+
+    def run(self, code: str, timeout: float = 60.0) -> str:
+        return self.finish(self.submit(code), timeout)
+
+    def value(self, expression: str) -> Any:
+        import json
+
+        out = self.run(f"print('@@' + json.dumps({expression}))")
+        line = next(line for line in out.splitlines() if line.startswith("@@"))
+        return json.loads(line[2:])
+
+    def printed(self, msg_id: str, text: str) -> bool:
+        """Whether the cell ``msg_id`` printed ``text`` so far."""
+        self.pump()
+        return text in self.streams.get(msg_id, "")
+
+    def state(self) -> dict[str, Any]:
+        """The widget's state as the front end has it: comm_open's state, then every update, in order."""
+        self.pump()
+        state: dict[str, Any] = {}
+        for _, msg in self.comm_msgs:
+            content = msg["content"]
+            if content.get("comm_id") != self.comm_id:
+                continue
+            data = content.get("data", {})
+            if msg["msg_type"] == "comm_open" or data.get("method") == "update":
+                state.update(data.get("state", {}))
+        return state
+
+    def updates_until(self, until: float) -> list[dict[str, Any]]:
+        return [
+            msg["content"]["data"]["state"]
+            for at, msg in self.comm_msgs
+            if at < until
+            and msg["msg_type"] in ("comm_open", "comm_msg")
+            and msg["content"].get("comm_id") == self.comm_id
+            and "state" in msg["content"]["data"]
+        ]
+
+    def updates_since(self, since: float) -> list[dict[str, Any]]:
+        self.pump()
+        return [
+            msg["content"]["data"]["state"]
+            for at, msg in self.comm_msgs
+            if at >= since
+            and msg["msg_type"] == "comm_msg"
+            and msg["content"].get("comm_id") == self.comm_id
+            and msg["content"]["data"].get("method") == "update"
+        ]
+
+    def send(self, command: dict[str, Any], comm_id: str | None = None, method: str = "custom") -> None:
+        """Send a command as the panel's module does: ordinary message, plus control when that is the route."""
+        kc = self.kc
+        data: dict[str, Any] = {"method": method}
+        if method == "custom":
+            data["content"] = command
+        else:
+            data.update(command)
+        content = {"comm_id": comm_id or self.comm_id, "data": data}
+        if self.route == "control":
+            kc.control_channel.send(kc.session.msg("comm_msg", content))
+        kc.shell_channel.send(kc.session.msg("comm_msg", content))
+
+    def send_raw(self, command: object, comm_id: str | None = None) -> None:
+        """Send ``command`` as a panel command whatever it holds: NaN and infinities go out as JSON's ``NaN`` and
+        ``Infinity`` (which the kernel's JSON reader takes), where jupyter_client's own packer would refuse them."""
+        kc = self.kc
+        content = {"comm_id": comm_id or self.comm_id, "data": {"method": "custom", "content": command}}
+        msg = kc.session.msg("comm_msg", content)
+        pack = kc.session.pack
+        try:
+            kc.session.pack = _lenient_pack  # type: ignore[method-assign]
+            if self.route == "control":
+                kc.control_channel.send(msg)
+            kc.shell_channel.send(msg)
+        finally:
+            kc.session.pack = pack  # type: ignore[method-assign]
+
+    def log_text(self) -> str:
+        """What the kernel wrote to its standard error so far (started with ``log=True``)."""
+        assert self.log_path is not None, "started without log=True"
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def open_view(self) -> str:
+        view = f"view{uuid.uuid4().hex[:8]}"
+        self.send({"type": "view", "view_id": view, "action": "open", "click_id": f"{view}-0", "client_time": 0})
+        return view
+
+    def close(self) -> None:
+        try:
+            self.kc.stop_channels()
+        finally:
+            self.km.shutdown_kernel(now=True)
+            self._tmp.cleanup()
+
+
+def reported(pk: PanelKernel, click_id: str, timeout: float = 10) -> dict[str, Any]:
+    """The stop's report as the front end has it, once it answers ``click_id``."""
+
+    def seen() -> dict[str, Any] | None:
+        last = pk.state().get("last_stop")
+        return last if last and last.get("click_id") == click_id else None
+
+    value = wait_until(seen, timeout, what=f"the report of {click_id}")
+    assert value is not None
+    return value
+
+
+def click(prefix: str = "c") -> str:
+    """A click id as the module makes them: ``<view id>-<n>`` (a view of its own for each click here)."""
+    return f"{prefix.replace('-', '')}{uuid.uuid4().hex[:8]}-1"
