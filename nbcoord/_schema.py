@@ -104,7 +104,10 @@ def parse_stop(body: object) -> StopRequest:
         raise SchemaError('"cell" is only allowed with scope "cell"')
     grace = body.get("grace")
     if grace is not None:
-        if not isinstance(grace, (int, float)) or isinstance(grace, bool) or not math.isfinite(grace):
+        if not isinstance(grace, (int, float)) or isinstance(grace, bool):
+            raise SchemaError('"grace" must be a number of seconds')
+        # An int is compared as it is (math.isfinite(10**400) would overflow); a float must be finite.
+        if isinstance(grace, float) and not math.isfinite(grace):
             raise SchemaError('"grace" must be a number of seconds')
         if not 0 <= grace <= MAX_GRACE_S:
             raise SchemaError(f'"grace" must be between 0 and {MAX_GRACE_S:g} seconds')

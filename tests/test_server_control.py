@@ -106,6 +106,7 @@ def test_requests_that_are_not_valid_get_an_error_reply_and_nothing_runs(kernel:
         ({"schema": 1, "action": "stop", "scope": "all", "tid": "t1"}, "unknown field(s): tid"),
         ({"schema": 1, "action": "stop", "scope": "cell", "cell": 9999}, "no cell [9999]"),
         ({"schema": 1, "action": "stop", "scope": "all", "grace": -3}, '"grace" must be between'),
+        ({"schema": 1, "action": "stop", "scope": "all", "grace": 10**400}, '"grace" must be between'),
     ]:
         answer = ask(kernel, content)
         assert answer["status"] == "error", answer
