@@ -529,9 +529,17 @@ class OutputRouter:
 
     def _on_cell(self, event: str, cell: CellInfo) -> None:
         """A cell starts: remember its request header (where its threads' output goes), and move the area of an
-        earlier run of the same cell to this run. On the main thread, about 1 us."""
+        earlier run of the same cell to this run. On the main thread, about 1 us.
+
+        A cell ends: areas with text not yet sent go out now, before the cell's reply, so that a front end (or a
+        test's collector) that listens until the cell is idle has them under this request, not a second later,
+        when the monitor sends what is left, under whichever request comes next."""
         if event == "started" and self._active:
             self._note_run(cell, _header_of(self._shell.parent_header))
+        elif event == "finished" and self._active and self._areas:
+            for area in self._areas_now():
+                if area.version != area.sent_version:
+                    self._send(area, blocking=False)  # a thread sending it now sends it; the monitor, the rest
 
     def _note_run(self, cell: CellInfo, header: dict[str, Any] | None) -> None:
         key = self._key(cell)

@@ -264,6 +264,23 @@ def test_text_written_after_its_cell_ended_but_before_another_request_stays_with
     assert kernel.areas() == {}
 
 
+def test_what_a_cells_threads_wrote_goes_out_before_the_cells_reply(routing_kernel: RecordingKernel) -> None:
+    # The second line comes within the area's update interval of the first: not sent at once. It must still be out
+    # before cell B's reply, not a second later under whichever request comes next.
+    kernel = routing_kernel
+    kernel.run("""
+go = threading.Event()
+def two_lines():
+    go.wait(30)
+    print("first line", flush=True)
+    print("second line", flush=True)
+t = threading.Thread(target=two_lines)
+t.start()""")
+    kernel.run("go.set(); t.join(10)")
+    (area,) = kernel.areas().values()  # what arrived up to B's idle status, nothing read since
+    assert "first line\nsecond line" in area["text"]
+
+
 EXPLICIT_PARENT = """
 parent = get_ipython().get_parent()
 step, done = threading.Event(), threading.Event()
