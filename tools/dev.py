@@ -2,6 +2,7 @@
 
     python3 tools/dev.py demo    # .venv with nbcoord + JupyterLab + TensorFlow (CPU); opens JupyterLab on notebooks/
     python3 tools/dev.py test    # .venv, .venv-ik6, .venv-tf215, .venv-py310, .venv-py313; lint, types, all tests
+    python3 tools/dev.py test --no-suites   # the same without the other projects' suites (suites/run.py)
 
 ``test`` runs pytest in ``.venv`` (Python 3.11). The kernel-level tests also start kernels on other interpreters,
 each with its own environment: ``.venv-ik6`` (ipykernel 6, with TensorFlow), ``.venv-tf215`` (the oldest TensorFlow
@@ -10,6 +11,10 @@ the newest supported Python, made from pyenv's interpreters or ``python3.10``/``
 them through ``NBCOORD_PY310_PYTHON`` and ``NBCOORD_PY313_PYTHON`` (see tests/interpreters.py). An interpreter that
 is not installed is named at the start and in the summary, and its kernels are left out; an environment that cannot
 be built from an interpreter that is there fails the command.
+
+After pytest, ``test`` runs the tier of other people's suites (suites/run.py: ipykernel's, CPython's
+concurrent.futures and asyncio tasks, joblib's parallel tests), each with nbcoord loaded and compared test by test
+with the same suite without it; ``--no-suites`` leaves it out for a quick run.
 
 Both are idempotent: a second run reuses the environments and only installs what changed.
 The browser tests need Debian's Chromium at /usr/bin/chromium, and the server extension's tests Debian's Prometheus at
@@ -225,10 +230,13 @@ def test(args: argparse.Namespace) -> None:
     variables, summary, failures = prepare_kernel_pythons(kernel_pythons)
     variables["NBCOORD_TF215_PYTHON"] = str(ensure_venv(VENV_TF215, *TF215_PACKAGES, "-e", str(ROOT)))
     results = {
-        "ruff": check(python, "-m", "ruff", "check", "nbcoord", "tests", "bench", "tools"),
+        "ruff": check(python, "-m", "ruff", "check", "nbcoord", "tests", "bench", "tools", "suites"),
         "mypy": check(python, "-m", "mypy"),
         "pytest": check(python, "-m", "pytest", *args.extra, env=dict(os.environ, **variables)),
     }
+    if not args.no_suites:
+        # Its own summary line ("suites passed/FAILED") and the per-suite wall-time ratios come before ours.
+        results["suites"] = check(sys.executable, ROOT / "suites" / "run.py", env=dict(os.environ, **variables))
     failed = failures + [name for name, passed in results.items() if not passed]
     print("\nsummary:", ", ".join(f"{name} {'passed' if ok else 'FAILED'}" for name, ok in results.items()))
     for line in summary:
@@ -241,7 +249,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("demo", help="open JupyterLab on notebooks/ with nbcoord installed").set_defaults(func=demo)
-    sub.add_parser("test", help="lint, type-check and run every test").set_defaults(func=test)
+    tester = sub.add_parser("test", help="lint, type-check and run every test")
+    tester.add_argument("--no-suites", action="store_true", help="skip the other projects' suites (suites/run.py)")
+    tester.set_defaults(func=test)
     args, extra = parser.parse_known_args()
     args.extra = extra
     args.func(args)
