@@ -27,3 +27,14 @@ def bare_kernel() -> Iterator[Kernel]:
         yield k
     finally:
         k.close()
+
+
+@pytest.fixture
+def kernel_on(request: pytest.FixtureRequest) -> Iterator[Kernel]:
+    """A fresh real kernel with nbcoord loaded, on the interpreter the test parametrizes it with (indirect)."""
+    k = Kernel(python=request.param)
+    try:
+        k.run("%load_ext nbcoord")
+        yield k
+    finally:
+        k.close()

@@ -11,7 +11,6 @@ import json
 import signal
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -81,17 +80,6 @@ def _matrix() -> list[Any]:
             for leak in LEAKS:
                 cases.append(pytest.param(python.values[0], route, leak, id=f"{python.id}-{route}-{leak}"))
     return cases
-
-
-@pytest.fixture
-def kernel_on(request: pytest.FixtureRequest) -> Iterator[Kernel]:
-    """A kernel with nbcoord loaded, on the interpreter the test is parametrized with."""
-    k = Kernel(python=request.param)
-    try:
-        k.run("%load_ext nbcoord")
-        yield k
-    finally:
-        k.close()
 
 
 @pytest.mark.parametrize(("kernel_on", "route", "leak"), _matrix(), indirect=["kernel_on"])

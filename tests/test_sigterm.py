@@ -96,17 +96,7 @@ def mark_the_stop(kernel: Kernel, directory: Path) -> Path:
     return stopped
 
 
-@pytest.fixture(params=PYTHONS)
-def kernel_on(request: pytest.FixtureRequest) -> Iterator[Kernel]:
-    """A kernel with nbcoord loaded, on ipykernel 7 or 6."""
-    k = Kernel(python=request.param)
-    try:
-        k.run("%load_ext nbcoord")
-        yield k
-    finally:
-        k.close()
-
-
+@pytest.mark.parametrize("kernel_on", PYTHONS, indirect=True)  # conftest's: nbcoord loaded, on ipykernel 7 or 6
 @pytest.mark.parametrize("thread", ["IOPub", "Heartbeat", "Control"])
 def test_sigterm_to_another_thread_ends_an_idle_kernel(kernel_on: Kernel, thread: str, tmp_path: Path) -> None:
     stopped = mark_the_stop(kernel_on, tmp_path)
@@ -117,6 +107,7 @@ def test_sigterm_to_another_thread_ends_an_idle_kernel(kernel_on: Kernel, thread
     assert stopped.exists(), "the kernel ended without nbcoord's shutdown stop"
 
 
+@pytest.mark.parametrize("kernel_on", PYTHONS, indirect=True)
 def test_sigterm_to_another_thread_ends_a_kernel_whose_cell_sleeps(kernel_on: Kernel, tmp_path: Path) -> None:
     kernel = kernel_on
     stopped = mark_the_stop(kernel, tmp_path)
