@@ -8,7 +8,7 @@ uses alone (smaller still with ``--quick``). Each prints its own human table and
 headline figure (bench/_results.py); this script collects those lines and prints, on stdout, the date, Python,
 CPUs and machine, then one markdown table: the figure with nbcoord, its baseline measured in the same run, their
 ratio, the target and whether it was met. Progress goes to stderr (with ``--verbose``, every script's own output
-too), so that stdout can be pasted into the README as it is.
+too), so that stdout can be pasted into bench/README.md as it is.
 
 The exit status is non-zero only when a script crashed (or ran past ``--timeout``), never for a missed target.
 """

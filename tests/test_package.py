@@ -9,11 +9,13 @@ with that venv's interpreter loads the extension from there, not from this check
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import subprocess
 import sys
 import venv
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import Kernel
@@ -92,3 +94,35 @@ def test_installed_wheel_loads_in_a_fresh_venv_kernel(
         kernel.run("_gate.set()")
     finally:
         kernel.close()
+
+
+def _dev_tool() -> Any:
+    """tools/dev.py as a module (it is a script, not part of the package)."""
+    path = Path(__file__).resolve().parents[1] / "tools" / "dev.py"
+    spec = importlib.util.spec_from_file_location("nbcoord_dev_tool", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_demo_opens_working_copies_and_keeps_edits(tmp_path: Path) -> None:
+    dev = _dev_tool()
+    dev.DEMO_NOTEBOOKS = tmp_path / "copies"
+    originals = sorted((Path(dev.ROOT) / "notebooks").glob("*.ipynb"))
+    assert originals, "no demo notebooks"
+    folder = dev.demo_notebooks()
+    assert folder == tmp_path / "copies"
+    assert [p.name for p in sorted(folder.glob("*.ipynb"))] == [p.name for p in originals]
+    assert all((folder / p.name).read_bytes() == p.read_bytes() for p in originals)
+    edited = folder / originals[0].name
+    edited.write_text("{}")  # as JupyterLab's autosave would
+    dev.demo_notebooks()
+    assert edited.read_text() == "{}", "a second start overwrote the user's working copy"
+    assert originals[0].read_bytes() != b"{}"
+    ignored = subprocess.run(
+        ["git", "check-ignore", "-q", str(Path(dev.ROOT) / "demo-notebooks" / originals[0].name)],
+        cwd=dev.ROOT, check=False,
+    )
+    assert ignored.returncode == 0, "the demo's copies are not git-ignored"

@@ -1,6 +1,6 @@
 """Set-up and entry points for developers, using only the Python standard library.
 
-    python3 tools/dev.py demo    # .venv with nbcoord + JupyterLab + TensorFlow (CPU); opens JupyterLab on notebooks/
+    python3 tools/dev.py demo    # .venv with nbcoord + JupyterLab + TensorFlow (CPU); opens JupyterLab on copies of notebooks/
     python3 tools/dev.py test    # .venv, .venv-ik6, .venv-tf215, .venv-py310, .venv-py313; lint, types, all tests
     python3 tools/dev.py test --no-suites   # the same without the other projects' suites (suites/run.py)
 
@@ -38,6 +38,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv"
 VENV_IK6 = ROOT / ".venv-ik6"
+#: Where the demo's working copies of notebooks/ live (git-ignored): see demo_notebooks.
+DEMO_NOTEBOOKS = ROOT / "demo-notebooks"
 CHROMIUM = Path("/usr/bin/chromium")
 #: Debian's Prometheus: tests/test_server.py starts it on a loopback port to scrape nbcoord's server extension.
 PROMETHEUS = Path("/usr/bin/prometheus")
@@ -206,11 +208,25 @@ def ensure_prometheus() -> None:
     print("not testing with Prometheus: run `sudo apt-get install -y --no-install-recommends prometheus`", flush=True)
 
 
+def demo_notebooks() -> Path:
+    """The folder the demo opens: working copies of notebooks/ (git-ignored), so that JupyterLab's autosave never
+    rewrites the tracked notebooks. A notebook is copied when it has no copy yet: your edits stay; delete a copy to
+    get the original back."""
+    DEMO_NOTEBOOKS.mkdir(exist_ok=True)
+    for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        copy = DEMO_NOTEBOOKS / notebook.name
+        if not copy.exists():
+            shutil.copy2(notebook, copy)
+    return DEMO_NOTEBOOKS
+
+
 def demo(args: argparse.Namespace) -> None:
     python = ensure_venv(VENV, "-e", f"{ROOT}[demo]")
+    folder = demo_notebooks()
+    print(f"the demo opens working copies of notebooks/ in {folder.relative_to(ROOT)}/ (git-ignored)", flush=True)
     # JupyterLab refuses to run as root without this flag (containers and CI machines often are root).
     as_root = ["--allow-root"] if os.geteuid() == 0 and "--allow-root" not in args.extra else []
-    command = [str(python), "-m", "jupyter", "lab", str(ROOT / "notebooks"), *as_root, *args.extra]
+    command = [str(python), "-m", "jupyter", "lab", str(folder), *as_root, *args.extra]
     print("+", " ".join(command), flush=True)
     os.execv(command[0], command)
 
@@ -248,7 +264,7 @@ def test(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("demo", help="open JupyterLab on notebooks/ with nbcoord installed").set_defaults(func=demo)
+    sub.add_parser("demo", help="open JupyterLab on working copies of notebooks/ with nbcoord installed").set_defaults(func=demo)
     tester = sub.add_parser("test", help="lint, type-check and run every test")
     tester.add_argument("--no-suites", action="store_true", help="skip the other projects' suites (suites/run.py)")
     tester.set_defaults(func=test)
