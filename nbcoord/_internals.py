@@ -5,6 +5,8 @@ falls back to when the internal is missing (another Python, a newer release). :f
 back, for the report. Tests remove each internal (monkeypatch) and check the fallback.
 
 - ``threading._active``: a thread's liveness from the interpreter's running table; else ``Thread.is_alive()``.
+- ``threading._limbo``: a thread whose ``start()`` returned but which is not yet in that table is alive; else it
+  may be taken for ended for that moment.
 - ``ThreadPoolExecutor._adjust_thread_count``: naming the executor that starts a thread; else no executor owner.
 - ``threading._register_atexit``: the exit stop before threads are joined; else ``atexit`` (after the join).
 - ``threading._shutdown_locks`` and ``Thread._tstate_lock`` (3.10-3.12): letting the interpreter exit without
@@ -72,6 +74,19 @@ def running_threads() -> dict[int, threading.Thread] | None:
     if isinstance(table, dict):
         return table
     _fall_back("threading._active", "thread liveness comes from Thread.is_alive()")
+    return None
+
+
+def starting_threads() -> dict[threading.Thread, threading.Thread] | None:
+    """The interpreter's table of threads being started (``threading._limbo``): ``Thread.start()`` returns once the
+    new thread has signalled that it started, a moment before it puts itself in the running table.
+
+    Fallback: None, and such a thread reads as ended for that moment (a read of the registry then may drop it).
+    """
+    table = getattr(threading, "_limbo", None)
+    if isinstance(table, dict):
+        return table
+    _fall_back("threading._limbo", "a thread that is just starting may be taken for ended")
     return None
 
 

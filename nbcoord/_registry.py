@@ -23,13 +23,16 @@ from dataclasses import dataclass, field
 from types import CodeType, FrameType
 from typing import Any, Literal
 
-from ._internals import current_frames, running_threads
+from ._internals import current_frames, running_threads, starting_threads
 
 log = logging.getLogger("nbcoord")
 
 #: The interpreter's own table of running threads (ident -> Thread), looked up when the first Registry is made;
 #: None where this Python has none (liveness then comes from ``Thread.is_alive()``).
 _running: dict[int, threading.Thread] | None = None
+#: The interpreter's table of threads being started (``start()`` has returned, the running table is next), looked up
+#: with ``_running``; None where this Python has none.
+_starting: dict[threading.Thread, threading.Thread] | None = None
 
 CellOutcome = Literal["running", "ok", "error", "interrupted"]
 ZombieReason = Literal["cell-interrupted", "cell-error", "stop-ignored", "owner-closed"]
@@ -183,7 +186,22 @@ class ThreadRecord:
         if thread is None or self.ident is None:
             return False
         table = _running
-        return table.get(self.ident) is thread if table is not None else thread.is_alive()
+        if table is None:
+            return thread.is_alive()
+        return table.get(self.ident) is thread or _is_starting(thread)
+
+
+def _is_starting(thread: threading.Thread) -> bool:
+    """Whether ``thread`` is in the interpreter's table of threads being started: its ``start()`` returned, and it
+    is about to put itself in the running table (a registry read in that moment must not take it for ended: the
+    thread, looking up its own record an instant later, was told it was no cell's thread and died)."""
+    table = _starting
+    if table is None:
+        return False
+    try:
+        return thread in table
+    except Exception:  # a Thread subclass whose __hash__ or __eq__ raises: not known to be starting
+        return False
 
 
 def creation_stack(frame: FrameType | None, depth: int = CREATION_STACK_DEPTH) -> list[Any]:
@@ -216,9 +234,10 @@ class Registry:
         keep_cells: Callable[[], Iterable[int]] | None = None,
         kernel_classes: Callable[[], tuple[type, ...]] = tuple,
     ) -> None:
-        global _running
+        global _running, _starting
         if _running is None:
             _running = running_threads()  # None again where this Python has no such table
+            _starting = starting_threads()
         self._clock = clock
         #: Execution counts of cells that something outside the registry still refers to (child processes, stop
         #: reports, callbacks): kept when old cells are forgotten.
@@ -598,7 +617,7 @@ class Registry:
             if thread is None or record.ident is None:
                 dead.append(record)
             elif table is not None:
-                if table.get(record.ident) is not thread:
+                if table.get(record.ident) is not thread and not _is_starting(thread):
                     dead.append(record)
             elif not thread.is_alive():
                 dead.append(record)

@@ -679,6 +679,25 @@ def test_a_new_thread_never_sees_a_dead_threads_stop_flag(
     assert seen == [False], "a brand-new thread was told to stop"
 
 
+def test_a_thread_whose_start_returned_but_not_yet_running_is_alive_and_kept(
+    registry: Registry, hooks: ThreadHooks
+) -> None:
+    # Thread.start() returns once the new thread signals that it started, a moment before the thread puts itself
+    # in threading's running table (under threading's own lock, which the test holds here to keep that moment
+    # open). A read of the registry then must neither take the thread for ended nor forget it: the thread, looking
+    # up its own record an instant later (wait_for_stop), was told it was no cell's thread and died.
+    registry.cell_started(7, None, "burst")
+    looked_up: list[bool] = []
+    thread = threading.Thread(target=lambda: looked_up.append(registry.stop_event_for_current() is not None))
+    with threading._active_limbo_lock:  # type: ignore[attr-defined]
+        thread.start()
+        assert thread.ident is not None and thread.ident not in threading._active  # type: ignore[attr-defined]
+        assert [r.thread for r in registry.records() if r.thread is thread], "the starting thread was forgotten"
+        assert record_of(registry, thread).is_alive()
+    thread.join(5)
+    assert looked_up == [True], "the thread did not find its own record"
+
+
 # -------------------------------------------------------------------------------------------------- activity
 def _frame_name(thread: threading.Thread) -> str | None:
     frame = sys._current_frames().get(thread.ident or 0)
