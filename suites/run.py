@@ -348,17 +348,18 @@ def nbcoord_lines(with_run: Run, without_run: Run, allowed: Collection[str] = ()
     pattern = re.compile("nbcoord", re.IGNORECASE)
     without = set(without_run.log.read_text(errors="replace").splitlines())
     found: list[str] = []
-    skipping = False
+    skipping = in_summary = False
     for line in with_run.log.read_text(errors="replace").splitlines():
         header = _FAILURE_HEADER.match(line)
         if header is not None:
             skipping = header.group(1) in allowed
         elif _SUMMARY_HEADER.match(line):
-            skipping = False
+            skipping, in_summary = False, "short test summary" in line
+        elif in_summary and not line[:1].isspace():
+            # A summary line: "FAILED id - message", its message going on in indented lines below it.
+            skipping = line.startswith(("FAILED ", "ERROR ")) and any(f"::{name} " in line for name in allowed)
         if skipping or line.startswith("[suites]") or line in without:
             continue
-        if line.startswith(("FAILED ", "ERROR ")) and any(f"::{name} " in line for name in allowed):
-            continue  # the one-line summary of an allowed difference
         if pattern.search(line):
             found.append(line)
     return found
