@@ -176,6 +176,15 @@ class FastRoute:
         worker = self._worker
         return worker is not None and worker.submit(comm_id, command)
 
+    def wake(self) -> bool:
+        """Have the worker run :attr:`on_idle` soon (an acknowledgement held back on the main thread is due a moment
+        later); False where this route has no worker."""
+        worker = self._worker
+        if worker is None:
+            return False
+        worker.wake()
+        return True
+
     def _flooded(self) -> bool:
         """Count one command taken; True once more than ``FLOOD_PER_S`` were taken within the current second."""
         now = time.monotonic()

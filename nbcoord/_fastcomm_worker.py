@@ -136,6 +136,12 @@ class Worker:
             _log_dropped("nbcoord fast route: handler is behind; a command was left to the ordinary route")
         return taken
 
+    def wake(self) -> None:
+        """Run the idle callback soon, also with no command queued (something it sends is due a moment later)."""
+        with self._lock:
+            if self._asleep:
+                self._ready.notify()
+
     def stop(self) -> None:
         """Stop after the command being handled; pending commands are dropped."""
         with self._lock:

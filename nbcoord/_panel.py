@@ -360,6 +360,7 @@ class PanelController:
         registry = self.extension.registry
         route.cell_running = lambda: registry.current_cell() is not None
         route.on_idle = self._acks.send_due
+        self._acks.wake = route.wake
         return route
 
     def _from_fast_route(self, comm_id: str, content: dict[str, Any]) -> None:

@@ -27,14 +27,18 @@ class Acknowledger:
     """Acknowledges clicks at once, before their action runs (a stop may take its whole grace period).
 
     Each acknowledgement names the last ``ACKED_KEPT`` clicks acknowledged (``click_ids``), so that in a flood one
-    message answers many: on the fast route a click that comes within ``ACK_SPACING_S`` of the last message sent is
-    held, and sent with the next one, or by the fast route's worker once it has no command left and the spacing
-    has passed (:meth:`send_due`): a flood the worker keeps up with still sends 20 messages a second, not one per
-    click.
+    message answers many: a click that comes within ``ACK_SPACING_S`` of the last message sent is held, and sent
+    with the next one, or by the fast route's worker once it has no command left and the spacing has passed
+    (:meth:`send_due`; a click that came by the ordinary route wakes it for that): a flood sends 20 messages a
+    second, not one per click, also when the fast route's queue overflows and leaves clicks to the ordinary route
+    (where there is no worker, without pacing).
     """
 
     def __init__(self, send: Callable[[dict[str, Any], float], None]) -> None:
         self._send = send
+        #: Wakes the fast route's worker, which sends a held acknowledgement once it is due (:meth:`send_due`);
+        #: returns False where there is none. Set by the panel once its route is installed.
+        self.wake: Callable[[], bool] = lambda: False
         self._lock = threading.Lock()  # guards the three below
         self._acked: collections.deque[str] = collections.deque(maxlen=ACKED_KEPT)
         self._held: dict[str, Any] | None = None
@@ -56,12 +60,16 @@ class Acknowledger:
                 "at": round(received, 3),
                 "route": route,
             }
-            hold = route != "ordinary" and now - self._sent_at < ACK_SPACING_S
+            hold = now - self._sent_at < ACK_SPACING_S
             self._held = ack if hold else None
             if not hold:
                 self._sent_at = now
         if not hold:
             self._send(ack, now)
+        elif route == "ordinary" and not self.wake():
+            # Clicks the fast route left to the ordinary one (its queue full in a flood) are paced too, when its
+            # worker can send the last held one later (woken here); with no worker, nothing would: send it now.
+            self.send_held()
 
     def send_held(self) -> None:
         """Send the acknowledgement held back, if any (the fast route's worker calls it when it has no command)."""

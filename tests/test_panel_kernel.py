@@ -1021,9 +1021,27 @@ def test_a_flood_of_clicks_is_acknowledged_in_few_messages_and_the_last_click_is
     before = len(sent)
     acks.send_held()
     assert len(sent) == before, "nothing held: nothing sent"
-    for n in range(3):  # the ordinary route (the main thread, one message at a time) is never held back
+    for n in range(3):  # the ordinary route, with no fast route's worker to send a held one later: never held
         acks.acknowledge(SimpleNamespace(click_id=f"o{n}", type="stop"), time.time(), "ordinary")  # type: ignore[arg-type]
     assert [ack["click_id"] for ack in sent[before:]] == ["o0", "o1", "o2"]
+
+
+def test_clicks_left_to_the_ordinary_route_in_a_flood_are_paced_and_the_worker_sends_the_last() -> None:
+    # The fast route's queue overflows in a flood and leaves clicks to the ordinary route (the main thread, one
+    # message at a time): each acknowledged at once made hundreds of messages (ipykernel 6's flood test, at random).
+    from types import SimpleNamespace
+
+    from nbcoord._panel_acks import Acknowledger
+
+    sent: list[dict[str, Any]] = []
+    woken: list[float] = []
+    acks = Acknowledger(lambda ack, _now: sent.append(ack))
+    acks.wake = lambda: woken.append(time.monotonic()) is None  # the worker, which then calls send_due
+    for n in range(1, 1001):
+        acks.acknowledge(SimpleNamespace(click_id=f"o{n}", type="stop"), time.time(), "ordinary")  # type: ignore[arg-type]
+    assert 1 <= len(sent) < 100, f"{len(sent)} messages for 1,000 clicks"
+    assert woken, "nothing woke the worker to send the held acknowledgement"
+    wait_until(lambda: acks.send_due() is None and sent[-1]["click_id"] == "o1000", 2, what="the last click's ack")
 
 
 def test_a_held_acknowledgement_goes_out_when_the_spacing_has_passed_not_before() -> None:
