@@ -33,7 +33,7 @@ import nbcoord
 from nbcoord._fallbacks import Fallbacks
 from nbcoord.integrations import _ledger_internals as internals
 from nbcoord.integrations import ledger as ledger_module
-from nbcoord.integrations import tasks
+from nbcoord.integrations import processes, tasks
 from nbcoord.integrations.ledger import WorkerStop, wait_all
 from nbcoord.integrations.pools import PoolLedger
 from nbcoord.integrations.tasks import innermost_frames, make_factory
@@ -475,3 +475,13 @@ def test_cells_queues_stay_bounded_between_the_monitors_ticks(shell: Any) -> Non
         assert [r["cell"] for r in rows] == [cell], rows
     finally:
         run(shell, "T.cancel(); LOOP.run_until_complete(asyncio.sleep(0)); LOOP.close()")
+
+
+def test_a_child_reaped_by_its_owner_while_the_stop_reaps_is_reaped_not_alive(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The stop saw an exited child; before its waitpid, the child's owner (a pool's management thread) reaped it:
+    # waitpid says it is no child of ours any more. That is reaped, not "could not be reaped" (the demo notebook
+    # 13 reported a loky worker STILL ALIVE that way, at random).
+    pid = os.getppid()  # a process that exists and is not our child: waitpid raises ChildProcessError for it
+    seen = iter([True, True, False])  # there at the stop's first two looks, gone after the waitpid
+    monkeypatch.setattr(processes, "_exists", lambda _pid: next(seen))
+    assert processes.reap({pid}) == {pid: "already reaped by its owner"}

@@ -410,6 +410,10 @@ def reap(pids: set[int]) -> dict[int, str]:
         try:
             reaped, status = os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
+            # Reaped meanwhile by someone else (a pool's own management thread waits for its workers), or not
+            # ours: gone either way is reaped, not alive.
+            if not _exists(pid):
+                done[pid] = "already reaped by its owner"
             continue
         if reaped == pid:
             done[pid] = f"reaped (exit status {os.waitstatus_to_exitcode(status)})"
