@@ -1,6 +1,6 @@
 """Set-up and entry points for developers, using only the Python standard library.
 
-    python3 tools/dev.py demo    # .venv with nbcoord + JupyterLab + TensorFlow (CPU); opens JupyterLab on copies of notebooks/
+    python3 tools/dev.py demo    # .venv with nbcoord + JupyterLab + TensorFlow (CPU); JupyterLab on notebooks/ copies
     python3 tools/dev.py test    # .venv, .venv-ik6, .venv-tf215, .venv-py310, .venv-py313; lint, types, all tests
     python3 tools/dev.py test --no-suites   # the same without the other projects' suites (suites/run.py)
 
@@ -264,7 +264,8 @@ def test(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("demo", help="open JupyterLab on working copies of notebooks/ with nbcoord installed").set_defaults(func=demo)
+    demo_help = "open JupyterLab on working copies of notebooks/ with nbcoord installed"
+    sub.add_parser("demo", help=demo_help).set_defaults(func=demo)
     tester = sub.add_parser("test", help="lint, type-check and run every test")
     tester.add_argument("--no-suites", action="store_true", help="skip the other projects' suites (suites/run.py)")
     tester.set_defaults(func=test)
