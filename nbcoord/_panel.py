@@ -63,8 +63,6 @@ from ._panel_commands import (
 )
 from ._panel_sender import SENDER_THREAD_NAME, Sender, TraitSender
 from ._panel_state import (
-    NAME_CHARS,
-    TEXT_CHARS,
     _blocked_row,
     change_points,
     memory_close,
@@ -76,6 +74,7 @@ from ._panel_state import (
 )
 from ._panel_widget import NBCoordPanel, esm_path
 from ._snapshot import creation_lines, format_stack
+from ._text import NAME_CHARS, TEXT_CHARS
 
 __all__ = [
     "COMMAND_TYPES",

@@ -25,6 +25,7 @@ from typing import Any, Final
 from ._panel_commands import is_number
 from ._schema import cut
 from ._snapshot import LedgerRow, Snapshot, ThreadRow
+from ._text import NAME_CHARS, TEXT_CHARS
 
 HISTORY_POINTS: Final = 120
 HISTORY_WINDOW_S: Final = 600.0
@@ -37,10 +38,6 @@ MAX_LEDGER_ROWS: Final = 500
 #: A stop report's outcome rows sent (the counts are always the true ones).
 MAX_OUTCOMES: Final = 200
 _MIB: Final = 1 << 20
-#: Characters of a name in the panel's state (the last one "…" when it was cut).
-NAME_CHARS: Final = 200
-#: Characters of a longer text in the panel's state (a sentence, an exception's message).
-TEXT_CHARS: Final = 500
 
 
 def name_cut(value: Any, limit: int = NAME_CHARS) -> Any:

@@ -8,7 +8,8 @@ as Python's ``repr`` does, and a value is cut to a stated length, with the count
 
 from __future__ import annotations
 
-#: Characters of one name (a thread's, an owner's, a queue's) shown in a report or log line.
+#: Characters of one name (a thread's, an owner's, a queue's) shown in a report, a log line, the panel's state or
+#: the server's view (the schema's MAX_TEXT, which the kernel's summary for the server cuts names to, is the same).
 NAME_CHARS = 200
 #: Characters of a longer text (an exception message, a cell's first line, a command line).
 TEXT_CHARS = 500

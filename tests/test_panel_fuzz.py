@@ -49,7 +49,7 @@ MAX_LOG_LINE = 600
 #: Seconds within which the kernel must answer ``1+1`` after a flood.
 ANSWER_S = 1.0
 FLOOD = 300
-#: The longest name the panel's state carries (nbcoord._panel_state.NAME_CHARS), the last character an ellipsis.
+#: The longest name the panel's state carries (nbcoord._text.NAME_CHARS), the last character an ellipsis.
 NAME_CHARS = 200
 
 

@@ -26,13 +26,17 @@ from __future__ import annotations
 import logging
 import traceback
 
-from .._schema import MAX_TEXT, cut
-from .._text import printable
+from .._schema import cut
+from .._text import NAME_CHARS, TEXT_CHARS, printable
+
+# The two lengths are the kernel side's (one definition): re-exported for the server's modules.
+__all__ = [
+    "ECHO_CHARS", "ECHO_NAMES", "LOG_CHARS", "NAME_CHARS", "TEXT_CHARS", "echoed", "install_log_filter", "names",
+    "shown",
+]
 
 ECHO_CHARS = 40
 ECHO_NAMES = 5
-NAME_CHARS = MAX_TEXT
-TEXT_CHARS = 500
 #: The longest log line nbcoord's server part writes (its values are cut before; this bounds the sum).
 LOG_CHARS = 4000
 
