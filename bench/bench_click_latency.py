@@ -42,7 +42,7 @@ TARGET_MODES = ("sleep", "c-wait", "python-loop", "tf-dequeue")
 
 SETUP = """
 import json, threading, time, comm, importlib.util, ipykernel
-from nbcoord import _fastcomm
+from nbcoord.kernel import fastcomm as _fastcomm
 fast, ordinary = [], []
 def on_fast(comm_id, content):
     fast.append((content["click_id"], content["sent"], time.monotonic()))

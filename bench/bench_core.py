@@ -37,10 +37,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _results import result
 
 import nbcoord
-from nbcoord import _threads
-from nbcoord._registry import Registry
-from nbcoord._stop import ThreadStopped
-from nbcoord._threads import ThreadHooks, owner_from_caller
+from nbcoord.core import threads as _threads
+from nbcoord.core.registry import Registry
+from nbcoord.core.stop import ThreadStopped
+from nbcoord.core.threads import ThreadHooks, owner_from_caller
 
 START_TARGET_US = 5.0
 CELL_TARGET_US = 50.0
@@ -285,7 +285,7 @@ def bench_snapshot(ext: Any) -> None:
         times.append(time.perf_counter() - begin)
     api[0] = statistics.median(times)
     p90 = statistics.quantiles(times, n=10)[-1]
-    from nbcoord._snapshot import SnapshotBuilder
+    from nbcoord.core.snapshot import SnapshotBuilder
 
     bare = SnapshotBuilder(ext.registry, lambda: ext.config.grace_period)  # threads and cells only, no sources
     threads_only = median_time(bare.build, reps=300)

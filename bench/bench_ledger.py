@@ -47,8 +47,9 @@ from _kernels import kernel_env, kernel_manager
 from _results import result
 
 import nbcoord
-from nbcoord.integrations import _ledger_internals, tasks
-from nbcoord.integrations import ledger as ledger_module
+from nbcoord.ledger import internals as _ledger_internals
+from nbcoord.ledger import ledger as ledger_module
+from nbcoord.ledger import tasks
 
 CREATE_TARGET = 1.10
 STOP_TASKS_TARGET_MS = 50.0
@@ -69,7 +70,7 @@ def get_shell() -> Any:
 @contextmanager
 def loaded(shell: Any) -> Iterator[Any]:
     shell.run_line_magic("load_ext", "nbcoord")
-    if ledger_module.current() is None:  # until nbcoord/_lifecycle.py installs the ledger itself
+    if ledger_module.current() is None:  # until nbcoord/_wiring.py installs the ledger itself
         nbcoord._extension.add_undo(ledger_module.watch(nbcoord._extension))
     try:
         yield nbcoord._extension
@@ -275,7 +276,7 @@ def bench_stop_pools(shell: Any) -> None:
     print(f"3. stop_all(cell=N) on pools with four workers busy in a {BUSY_S:g} s call")
     print(f"   {'pool':<36} {'nbcoord':>9} {'left':>5}   {'by hand':>9} {'left':>5}   how")
     cases = [(name, name, False) for name in POOLS]
-    from nbcoord._lifecycle import Extension
+    from nbcoord._wiring import Extension
 
     if not hasattr(Extension, "add_spared_children"):
         # Without the proposed core change, loky's resource trackers (which ignore SIGTERM) hold the stop's signal
@@ -342,7 +343,7 @@ SHUTDOWN_LEAKS: dict[str, tuple[str, str | None]] = {
     "DataLoader": (POOLS["DataLoader (4 persistent workers)"][0].format(s=60), "torch"),
 }
 LOAD = (
-    "%load_ext nbcoord\nimport nbcoord\nfrom nbcoord.integrations import ledger as _ledger\n"
+    "%load_ext nbcoord\nimport nbcoord\nfrom nbcoord.ledger import ledger as _ledger\n"
     "if _ledger.current() is None:\n    nbcoord._extension.add_undo(_ledger.watch(nbcoord._extension))"
 )
 

@@ -45,7 +45,7 @@ COUNTS = {"lines": 20_000, "rounds": 5, "cell_reps": 3000}
 
 SETUP = """%load_ext nbcoord
 import json, threading, time, nbcoord
-from nbcoord import _output
+from nbcoord.kernel import output as _output
 _ext = nbcoord._extension
 _router = getattr(_ext, "output", None)
 if _router is None:  # before the wiring
@@ -151,7 +151,8 @@ def bench_cell_hooks(reps: int) -> None:
 
     from IPython.testing import globalipapp
 
-    from nbcoord import _memory, _output
+    from nbcoord.kernel import output as _output
+    from nbcoord.resources import memory as _memory
 
     globalipapp.start_ipython()  # type: ignore[no-untyped-call]
     shell = globalipapp.get_ipython()  # type: ignore[no-untyped-call]
@@ -217,7 +218,7 @@ def bench_cell_hooks(reps: int) -> None:
 
 # ------------------------------------------------------------------------------------------ 3 reclaim
 DEMO = """import torch
-from nbcoord import _reclaim
+from nbcoord.resources import reclaim as _reclaim
 def train_step():
     activations = torch.ones(128 * 2**20)  # 512 MiB, kept alive by the traceback
     raise ValueError("loss is NaN")

@@ -1,4 +1,4 @@
-"""Cost of one resource sample (nbcoord._probes) with 10/100/1000 threads and 0/10 child processes.
+"""Cost of one resource sample (nbcoord.resources.probes) with 10/100/1000 threads and 0/10 child processes.
 
 Run: ``python bench/bench_probes.py [--budget 1.5]`` (under a minute; ``--budget`` is the most seconds each
 measurement may take). Prints, per configuration, the median cost of
@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _results import result
 
-from nbcoord import _probes
-from nbcoord._probes import CellWindow, ResourceProbe
+from nbcoord.resources import probes as _probes
+from nbcoord.resources.probes import CellWindow, ResourceProbe
 
 TARGET_MS = 5.0
 BUDGET = {"s": 1.5}  # per measurement, at most (--budget)

@@ -50,8 +50,8 @@ from _results import result
 from IPython.core.interactiveshell import InteractiveShell
 
 import nbcoord
-from nbcoord.integrations import tensorflow as tf_integration
-from nbcoord.integrations._tf_runs import RunTracker
+from nbcoord.tensorflow import integration as tf_integration
+from nbcoord.tensorflow.runs import RunTracker
 
 shell = InteractiveShell.instance()
 #: Repeat counts; --quick lowers them (the medians get noisier, the figures stay the same kind).

@@ -39,7 +39,8 @@ SETUP = """%load_ext nbcoord
 import json, gc, time
 import torch
 import nbcoord
-from nbcoord import _memory, _reclaim
+from nbcoord.resources import memory as _memory
+from nbcoord.resources import reclaim as _reclaim
 _ext = nbcoord._extension
 if getattr(_ext, "memory", None) is None:  # before the wiring: install the ledger here
     _ext.add_undo(_memory.install(_ext).uninstall)

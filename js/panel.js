@@ -1,13 +1,13 @@
 // @ts-check
 /**
- * nbcoord's live panel: the front end of nbcoord._panel_widget.NBCoordPanel (anywidget).
+ * nbcoord's live panel: the front end of nbcoord.panel.widget.NBCoordPanel (anywidget).
  *
  * State arrives in traits set by the kernel (header, threads, ledger, groups, cells, cell_memory, sessions,
  * queues, blocked, resources, failures, history, last_stop, outcome, stack, clock, beat, ack); this module only
  * draws it and sends commands (stop, restart, reclaim, stack, view), each with a click id. Every string from the
  * kernel is set with textContent, after control and bidirectional characters are shown escaped (`safe`):
  * nothing from the kernel is ever parsed as HTML, and no name can reorder the text around it. Names arrive cut
- * to 200 characters by the kernel (nbcoord._panel_state.NAME_CHARS), longer texts to 500.
+ * to 200 characters by the kernel (nbcoord.panel.state.NAME_CHARS), longer texts to 500.
  *
  * Drawing is keyed: each section has its own draw function, run only when a trait it shows changed; lists
  * (groups, rows, queues) keep one node per key and touch a node only when its data changed, so scroll
@@ -24,7 +24,7 @@
  */
 
 const SVG_NS = "http://www.w3.org/2000/svg";
-/** The kernel forgets a view that has not renewed for 60 s (nbcoord._panel.VIEW_LEASE_S). */
+/** The kernel forgets a view that has not renewed for 60 s (nbcoord.panel.panel.VIEW_LEASE_S). */
 const RENEW_MS = 20000;
 const TICK_MS = 1000;
 /** A click not acknowledged this long after it was sent was not handled: the banner says why. */

@@ -35,9 +35,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from ._reclaim import ReclaimReport
-from ._snapshot import Snapshot
-from ._stop import StopReport, ThreadStopped
+from nbcoord.core.snapshot import Snapshot
+from nbcoord.core.stop import StopReport, ThreadStopped
+from nbcoord.resources.reclaim import ReclaimReport
 
 __all__ = [
     "NBCoordWarning",
@@ -72,7 +72,7 @@ class NBCoordWarning(UserWarning):
 def _require() -> Any:
     if _extension is None:
         raise RuntimeError("nbcoord is not loaded; run %load_ext nbcoord first.")
-    from ._fork import ensure_owner
+    from nbcoord.core.fork import ensure_owner
 
     ensure_owner()
     return _extension
@@ -83,8 +83,8 @@ def load_ipython_extension(ipython: Any) -> None:
     global _extension
     if _extension is not None:
         return  # loading twice is harmless
-    from ._lifecycle import Extension
-    from ._magics import NBCoordMagics
+    from nbcoord._wiring import Extension
+    from nbcoord.magics import NBCoordMagics
 
     extension = Extension(ipython)
     extension.install()
@@ -116,7 +116,7 @@ def snapshot(*, stacks: bool = False) -> Snapshot:
     stacks
         Include each thread's current stack (slower with many threads).
     """
-    from ._checks import flag
+    from nbcoord.core.checks import flag
 
     return _require().snapshot(stacks=flag("stacks", stacks))  # type: ignore[no-any-return]
 
@@ -153,7 +153,7 @@ def stop_all(
     RuntimeError
         nbcoord is not loaded, or this is a forked child of the process that loaded it.
     """
-    from ._checks import stop_scope
+    from nbcoord.core.checks import stop_scope
 
     kind, cell, tid = stop_scope(cell=cell, thread=thread, zombies=zombies)
     return _require().stop(kind, grace=grace, force=force, cell=cell, tid=tid)  # type: ignore[no-any-return]
@@ -164,7 +164,7 @@ def should_stop() -> bool:
     child, where nbcoord does nothing)."""
     if _extension is None:
         return False
-    from ._fork import in_owner
+    from nbcoord.core.fork import in_owner
 
     return in_owner() and bool(_extension.should_stop())
 
@@ -214,8 +214,8 @@ def restart_runners(session: Any, *, grace: float | None = None) -> dict[str, An
         nbcoord is not loaded, or TensorFlow is not imported.
     """
     extension = _require()
-    from ._checks import optional_seconds
-    from .integrations.tensorflow import current
+    from nbcoord.core.checks import optional_seconds
+    from nbcoord.tensorflow.integration import current
 
     grace = optional_seconds("grace", grace)
     integration = current()

@@ -1,7 +1,7 @@
 """Each test of another project's suite as one notebook cell, inside an IPython shell, with or without nbcoord.
 
 nbcoord attributes threads, tasks and pools to the cell that runs when they start, and it learns which cell runs
-from the shell's ``pre_run_cell`` / ``post_run_cell`` events (nbcoord/_lifecycle.py). Only what a cell started is
+from the shell's ``pre_run_cell`` / ``post_run_cell`` events (nbcoord/_wiring.py). Only what a cell started is
 the user's and gets nbcoord's patched behaviour, so a suite that merely imported nbcoord would exercise none of it:
 here every test is framed by those two events, with IPython's own ExecutionInfo/ExecutionResult, exactly as
 ``run_cell`` frames a cell (count taken, then bumped, before ``pre_run_cell``; the exception in ``error_in_exec``).

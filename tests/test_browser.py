@@ -79,7 +79,7 @@ time.sleep(60)
 print("not reached")"""
 # Holds the GIL in one C call: no Python thread (the panel's sender included) runs meanwhile. Long enough for
 # the front end to miss three beats at the interval the sender announces, and more.
-NATIVE = """from nbcoord import _panel
+NATIVE = """from nbcoord.panel import panel as _panel
 _hold = 3 * _panel.controller_for(nbcoord._extension)._wait() + 4
 def _took(n):
     t = time.perf_counter(); sum(range(n)); return time.perf_counter() - t
@@ -594,7 +594,7 @@ def test_stop_on_ipykernel6_takes_the_control_channel(open_notebook: Any, record
     notebook.panel.get_by_role("button", name="Stop all", exact=True).click()
     notebook.wait_done(1, timeout=15)
     notebook.output(1, "the panel's Stop all interrupted cell").wait_for(timeout=10_000)
-    # ipykernel 6 publishes "idle" after the control copy of the click; nbcoord._fastcomm makes it untracked while
+    # ipykernel 6 publishes "idle" after the control copy of the click; nbcoord.kernel.fastcomm makes it untracked while
     # a cell runs, so JupyterLab's kernel status stays true.
     assert status_true, f"the page's kernel status read {sorted(set(statuses))} while the cell ran (ipykernel 6)"
 

@@ -383,7 +383,7 @@ def test_out_of_range_setting_is_a_usage_error(loaded: Any, line: str) -> None:
 def test_a_profile_cannot_set_a_non_finite_number(shell: Any) -> None:
     from traitlets import TraitError
 
-    from nbcoord._config import NBCoord
+    from nbcoord.core.config import NBCoord
 
     with pytest.raises(TraitError, match="finite"):
         NBCoord(grace_period=float("nan"))
@@ -547,7 +547,7 @@ def test_a_load_that_fails_half_way_undoes_what_it_installed(
     def broken_watch(_extension: Any) -> Any:
         raise RuntimeError("an integration broke at load")
 
-    monkeypatch.setattr("nbcoord._lifecycle.watch_tensorflow", broken_watch)
+    monkeypatch.setattr("nbcoord._wiring.watch_tensorflow", broken_watch)
     with pytest.raises(RuntimeError, match="integration broke"):
         nbcoord.load_ipython_extension(shell)
     after = (threading.Thread.start, threading.excepthook, signal.getsignal(signal.SIGTERM), list(sys.meta_path))
@@ -562,7 +562,7 @@ def test_a_load_that_fails_half_way_undoes_what_it_installed(
 def test_shutdown_routes_run_the_stop_once_and_a_later_route_waits_for_it() -> None:
     from types import SimpleNamespace
 
-    from nbcoord._shutdown import ShutdownHooks
+    from nbcoord.kernel.shutdown import ShutdownHooks
 
     calls: list[str] = []
     release = threading.Event()

@@ -1,4 +1,4 @@
-"""The fast route for panel commands (nbcoord._fastcomm).
+"""The fast route for panel commands (nbcoord.kernel.fastcomm).
 
 Two tiers: fake kernels (fast, no subprocess) for validation and undo, and real kernels
 through jupyter_client on ipykernel 7 (``.venv``) and ipykernel 6 (``.venv-ik6``) for the
@@ -30,7 +30,8 @@ from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 from jupyter_client.session import Session
 
-from nbcoord import _fastcomm, _fastcomm_worker
+from nbcoord.kernel import fastcomm as _fastcomm
+from nbcoord.kernel import fastcomm_worker as _fastcomm_worker
 
 REPO = Path(__file__).resolve().parents[1]
 # The ipykernel 6 environment; CI creates it (see the README's development section).
@@ -480,7 +481,8 @@ class Kernel:
 
 KERNEL_SETUP = """
 import json, signal, threading, time, comm
-from nbcoord import _fastcomm, _fastcomm_worker
+from nbcoord.kernel import fastcomm as _fastcomm
+from nbcoord.kernel import fastcomm_worker as _fastcomm_worker
 
 class FastCommProbe:
     def __init__(self):

@@ -1,4 +1,4 @@
-"""Every private internal of CPython and IPython that nbcoord's core uses (nbcoord/_internals.py), removed one at a
+"""Every private internal of CPython and IPython that nbcoord's core uses (nbcoord/core/internals.py), removed one at a
 time: nbcoord still imports, loads and works, does what the accessor's docstring names instead, and ``%nbcoord``
 says so. TensorFlow's are tested in tests/test_tf_internals.py, ipykernel's routes in tests/test_fastcomm.py and
 tests/test_server_control.py.
@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from nbcoord import _internals
-from nbcoord._fallbacks import Fallbacks
+from nbcoord.core import internals as _internals
+from nbcoord.core.fallbacks import Fallbacks
 
 
 @pytest.fixture(autouse=True)
@@ -100,7 +100,7 @@ def test_raise_in_thread_falls_back_to_false(monkeypatch: pytest.MonkeyPatch) ->
 WITHOUT_INTERNALS = """
 import json, sys, threading
 from concurrent.futures import ThreadPoolExecutor
-from nbcoord import _internals
+from nbcoord.core import internals as _internals
 
 class Without:
     # The module as nbcoord sees it, less some names (deleting them from the real module would break CPython).

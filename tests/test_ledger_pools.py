@@ -21,11 +21,11 @@ from interpreters import KERNEL_PYTHONS
 
 pytestmark = pytest.mark.kernel
 
-#: Until nbcoord/_lifecycle.py installs the ledger itself, the test installs it (a no-op once it does).
+#: Until nbcoord/_wiring.py installs the ledger itself, the test installs it (a no-op once it does).
 LOAD = """
 %load_ext nbcoord
 import nbcoord
-from nbcoord.integrations import ledger as _ledger
+from nbcoord.ledger import ledger as _ledger
 if _ledger.current() is None:
     nbcoord._extension.add_undo(_ledger.watch(nbcoord._extension))
 """

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.kernel
 LOAD = """
 %load_ext nbcoord
 import nbcoord
-from nbcoord.integrations import ledger as _ledger
+from nbcoord.ledger import ledger as _ledger
 if _ledger.current() is None:
     nbcoord._extension.add_undo(_ledger.watch(nbcoord._extension))
 """

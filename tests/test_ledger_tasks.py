@@ -27,11 +27,11 @@ IK6_PYTHON = Path(os.environ.get("NBCOORD_IK6_PYTHON", REPO / ".venv-ik6" / "bin
 #: Every kernel Python with ipykernel 7, and ipykernel 6 where its environment is there.
 KERNELS = KERNEL_PYTHONS + ([pytest.param(str(IK6_PYTHON), id="ipykernel6")] if IK6_PYTHON.exists() else [])
 
-#: Until nbcoord/_lifecycle.py installs the ledger itself, the test installs it (a no-op once it does).
+#: Until nbcoord/_wiring.py installs the ledger itself, the test installs it (a no-op once it does).
 LOAD = """
 %load_ext nbcoord
 import nbcoord
-from nbcoord.integrations import ledger as _ledger
+from nbcoord.ledger import ledger as _ledger
 if _ledger.current() is None:
     nbcoord._extension.add_undo(_ledger.watch(nbcoord._extension))
 """
@@ -195,7 +195,7 @@ def test_tasks_of_a_loop_run_by_a_cells_thread(kernel: Kernel) -> None:
 def test_unload_gives_the_loop_its_own_factory_back(kernel: Kernel) -> None:
     # Python 3.10-3.11: nbcoord's factory, chained to the user's; 3.12+: no factory of nbcoord's at all.
     assert kernel.evaluate(
-        "__import__('nbcoord.integrations.tasks').integrations.tasks.READ_CONTEXT"
+        "__import__('nbcoord.ledger.tasks').ledger.tasks.READ_CONTEXT"
         " == (asyncio.get_running_loop().get_task_factory() is users_factory)"
     )
     kernel.run("%unload_ext nbcoord")

@@ -30,13 +30,12 @@ from IPython.testing import globalipapp
 from IPython.utils.capture import capture_output
 
 import nbcoord
-from nbcoord._fallbacks import Fallbacks
-from nbcoord.integrations import _ledger_internals as internals
-from nbcoord.integrations import ledger as ledger_module
-from nbcoord.integrations import processes, tasks
-from nbcoord.integrations.ledger import WorkerStop, wait_all
-from nbcoord.integrations.pools import PoolLedger
-from nbcoord.integrations.tasks import innermost_frames, make_factory
+from nbcoord.core.fallbacks import Fallbacks
+from nbcoord.ledger import internals, processes, tasks
+from nbcoord.ledger import ledger as ledger_module
+from nbcoord.ledger.ledger import WorkerStop, wait_all
+from nbcoord.ledger.pools import PoolLedger
+from nbcoord.ledger.tasks import innermost_frames, make_factory
 
 FORK = multiprocessing.get_context("fork")
 
@@ -260,7 +259,7 @@ def shell() -> Iterator[Any]:
     ip = globalipapp.get_ipython()  # type: ignore[no-untyped-call]
     assert nbcoord._extension is None
     ip.run_line_magic("load_ext", "nbcoord")
-    if ledger_module.current() is None:  # until nbcoord/_lifecycle.py installs it itself
+    if ledger_module.current() is None:  # until nbcoord/_wiring.py installs it itself
         nbcoord._extension.add_undo(ledger_module.watch(nbcoord._extension))
     try:
         yield ip
@@ -418,7 +417,7 @@ def test_the_process_tree_is_the_same_from_thread_lists_and_from_one_pass_over_p
     # children list (20 ms at 1000 threads): both must find the same descendants, a grandchild included.
     import subprocess
 
-    from nbcoord.integrations import processes
+    from nbcoord.ledger import processes
 
     if not processes._PROC_CHILDREN:
         pytest.skip("no /proc/<pid>/task/<tid>/children here")

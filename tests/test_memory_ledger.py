@@ -1,4 +1,4 @@
-"""The memory ledger per cell (nbcoord/_memory.py): pure rules in-process, then a real kernel.
+"""The memory ledger per cell (nbcoord/resources/memory.py): pure rules in-process, then a real kernel.
 
 The kernel's GPU is tests/fake_nvml.py, a FAKE of nvidia-ml-py's ``pynvml`` behind the same interface (this machine
 has no GPU): it is put in ``sys.modules["pynvml"]`` before nbcoord loads, so the extension's probe imports it as it
@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from helpers import Kernel, wait_until
 
-from nbcoord._memory import NOTABLE_BYTES, CellMemory, MemoryLedger, growth_held, summary
-from nbcoord._probes import ResourceProbe
-from nbcoord._registry import Registry
+from nbcoord.core.registry import Registry
+from nbcoord.resources.memory import NOTABLE_BYTES, CellMemory, MemoryLedger, growth_held, summary
+from nbcoord.resources.probes import ResourceProbe
 
 MiB, GiB = 2**20, 2**30
 TESTS = Path(__file__).resolve().parent
@@ -34,7 +34,7 @@ sys.modules["pynvml"] = fake_nvml  # the FAKE NVML, where the probe imports the 
 %load_ext nbcoord
 import numpy as np
 import nbcoord
-from nbcoord import _memory
+from nbcoord.resources import memory as _memory
 _ext = nbcoord._extension
 _ledger = getattr(_ext, "memory", None)
 if _ledger is None:  # before the wiring: install it here, removed by %unload_ext like the rest

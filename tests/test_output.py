@@ -1,4 +1,4 @@
-"""Background output goes home (nbcoord/_output.py), in real kernels on ipykernel 7 and 6, read from raw iopub.
+"""Background output goes home (nbcoord/kernel/output.py), in real kernels on ipykernel 7 and 6, read from raw iopub.
 
 What a front end sees is the messages: a thread's text written after its cell finished must arrive as one
 ``display_data`` whose parent is the starting cell's request (JupyterLab and Notebook 7 keep that cell's future, so
@@ -43,7 +43,7 @@ _hook_before_nbcoord = threading.excepthook
 %load_ext nbcoord
 import json, os, sys, threading, time, warnings
 import nbcoord
-from nbcoord import _output
+from nbcoord.kernel import output as _output
 _ext = nbcoord._extension
 _router = getattr(_ext, "output", None)
 if _router is None:  # before the wiring: install it here, removed by %unload_ext like the rest

@@ -103,7 +103,7 @@ def open_notebook(
 
 FIRST = """%load_ext nbcoord
 import threading, time, warnings, nbcoord
-from nbcoord import _output
+from nbcoord.kernel import output as _output
 _ext = nbcoord._extension
 if getattr(_ext, "output", None) is None:  # before the wiring: install the route here
     _ext.add_undo(_output.install(_ext).uninstall)

@@ -40,7 +40,7 @@ import pytest
 from helpers import wait_until
 from panel_support import REPO, PanelKernel
 
-from nbcoord import _panel_commands
+from nbcoord.panel import commands as _panel_commands
 
 pytestmark = pytest.mark.kernel
 
@@ -49,7 +49,7 @@ MAX_LOG_LINE = 600
 #: Seconds within which the kernel must answer ``1+1`` after a flood.
 ANSWER_S = 1.0
 FLOOD = 300
-#: The longest name the panel's state carries (nbcoord._text.NAME_CHARS), the last character an ellipsis.
+#: The longest name the panel's state carries (nbcoord.core.text.NAME_CHARS), the last character an ellipsis.
 NAME_CHARS = 200
 
 
@@ -211,7 +211,7 @@ def test_malformed_values_of_every_field_are_rejected_quietly(fk: PanelKernel) -
     tid, cell = fk.value("[fuzz_tid, fuzz_cell]")
     commands = _malformed(tid, cell)
     fk.run(
-        "from nbcoord import _fastcomm_worker\n"
+        "from nbcoord.kernel import fastcomm_worker as _fastcomm_worker\n"
         "rejections_before = _panel_commands.log_rejection.calls\n"
         "failures_before = [getattr(_panel, '_log_failure', _panel_commands.log_rejection).calls,"
         " getattr(_fastcomm_worker, '_log_failed', _panel_commands.log_rejection).calls]"

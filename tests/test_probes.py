@@ -1,4 +1,4 @@
-"""The resource probe (nbcoord._probes): GPU through a fake NVML, host memory, native threads, children.
+"""The resource probe (nbcoord.resources.probes): GPU through a fake NVML, host memory, native threads, children.
 
 GPU code runs against ``fake_nvml``, a FAKE of nvidia-ml-py's ``pynvml`` (see its docstring): CI has no
 NVIDIA hardware. Everything else is real: real child processes (subprocess and multiprocessing) attributed
@@ -27,8 +27,8 @@ import psutil
 import pytest
 from helpers import wait_until
 
-from nbcoord import _probes
-from nbcoord._probes import (
+from nbcoord.resources import probes as _probes
+from nbcoord.resources.probes import (
     DRIVER_NOT_LOADED,
     NO_DEVICE,
     NO_DRIVER,
@@ -541,7 +541,7 @@ def run_python(code: str, timeout: float = 120) -> str:
 
 def test_importing_the_probe_imports_neither_nvml_nor_tensorflow() -> None:
     out = run_python(
-        "import sys, nbcoord._probes as p; p.ResourceProbe(); "
+        "import sys, nbcoord.resources.probes as p; p.ResourceProbe(); "
         "print(sorted(m for m in ('pynvml', 'tensorflow') if m in sys.modules))"
     )
     assert out == "[]"
@@ -551,7 +551,7 @@ TF_SCRIPT = textwrap.dedent(
     """
     import json, os, threading
     import fake_nvml
-    from nbcoord._probes import ResourceProbe
+    from nbcoord.resources.probes import ResourceProbe
 
     fake_nvml.reset([fake_nvml.FakeDevice(processes=[fake_nvml.FakeProcess(os.getpid(), 2**30)])])
     import tensorflow as tf

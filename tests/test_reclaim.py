@@ -1,4 +1,4 @@
-"""``reclaim`` (nbcoord/_reclaim.py) in a real kernel with PyTorch (CPU build) and NumPy.
+"""``reclaim`` (nbcoord/resources/reclaim.py) in a real kernel with PyTorch (CPU build) and NumPy.
 
 Host memory is real and measured: a failed cell's traceback keeps a 256 MiB tensor alive through its frame, and
 reclaim must give back at least 200 MiB of RSS. GPU figures come from tests/fake_nvml.py, a FAKE of nvidia-ml-py's
@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 from helpers import Kernel
 
-from nbcoord._probes import TF_HOLDS_GPU
-from nbcoord._reclaim import JAX_NOTE, release_frameworks
+from nbcoord.resources.probes import TF_HOLDS_GPU
+from nbcoord.resources.reclaim import JAX_NOTE, release_frameworks
 
 pytest.importorskip("torch")
 
@@ -38,7 +38,7 @@ sys.modules["pynvml"] = fake_nvml  # the FAKE NVML, where the probe imports the 
 import numpy as np
 import torch
 import nbcoord
-from nbcoord import _reclaim
+from nbcoord.resources import reclaim as _reclaim
 def reclaim(outputs=False):
     report = getattr(nbcoord, "reclaim", None)  # once wired: nbcoord.reclaim(outputs=...)
     report = report(outputs=outputs) if report else _reclaim.reclaim(nbcoord._extension, outputs=outputs)

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 from helpers import wait_until
 
-from nbcoord._registry import Owner, Registry, ThreadRecord
-from nbcoord._stop import ThreadStopped
-from nbcoord._threads import ThreadHooks, executor_owner
+from nbcoord.core.registry import Owner, Registry, ThreadRecord
+from nbcoord.core.stop import ThreadStopped
+from nbcoord.core.threads import ThreadHooks, executor_owner
 
 
 class FakeClock:
@@ -809,7 +809,7 @@ def test_uninstall_leaves_a_later_patch_in_place(registry: Registry, park: Park)
 def test_old_cells_are_forgotten_unless_something_refers_to_them(
     clock: FakeClock, park: Park, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from nbcoord import _registry
+    from nbcoord.core import registry as _registry
 
     registry = Registry(clock=clock, keep_cells=lambda: {7})
     hooks = ThreadHooks(registry, ignore_exception=ignore_stopped)

@@ -57,7 +57,7 @@ BIDI_PATH = "invoice\u202egnp.exe\u2066\u200b.ipynb"
 #: Controls (but tab and newline, which only separate lines), C1 controls, bidi and zero-width format characters.
 RAW = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
 SKEW = """\
-import nbcoord._control as _nbc_control
+import nbcoord.kernel.control as _nbc_control
 _nbc_original_summary = _nbc_control.build_summary
 def _nbc_skewed(snapshot, version):
     summary = _nbc_original_summary(snapshot, version)

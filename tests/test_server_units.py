@@ -12,8 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from nbcoord import _control
-from nbcoord._schema import (
+from nbcoord.core.schema import (
     MAX_CELLS,
     MAX_QUEUES,
     MAX_TEXT,
@@ -24,6 +23,7 @@ from nbcoord._schema import (
     parse_stop,
     stop_request,
 )
+from nbcoord.kernel import control as _control
 from nbcoord.server import untrack_messages
 from nbcoord.server._fleet import _gpu_held, _Outside
 from nbcoord.server._gpu import GpuRead, GpuStatus, Nvml

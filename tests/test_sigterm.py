@@ -8,7 +8,7 @@ sleeping in a cell. Measured before the fix: an idle kernel was alive 15 s after
 kernel without nbcoord dies in 0.01 s), and so was one whose cell sleeps.
 
 Each kernel case sends the signal to one thread only, from outside, and waits for the process to end by that
-signal. The last cases run :class:`nbcoord._shutdown.ShutdownHooks` in this process (its main thread), with a
+signal. The last cases run :class:`nbcoord.kernel.shutdown.ShutdownHooks` in this process (its main thread), with a
 previous handler that raises so that nothing ends the test run.
 """
 
@@ -28,8 +28,9 @@ from typing import Any
 import pytest
 from helpers import Kernel, wait_until
 
-from nbcoord import _internals, _shutdown
-from nbcoord._fallbacks import Fallbacks
+from nbcoord.core import internals as _internals
+from nbcoord.core.fallbacks import Fallbacks
+from nbcoord.kernel import shutdown as _shutdown
 
 pytestmark = [
     pytest.mark.kernel,

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from helpers import wait_until
 
-from nbcoord import _snapshot
-from nbcoord._registry import Owner, Registry
-from nbcoord._snapshot import SharedRow, SnapshotBuilder
-from nbcoord._threads import ThreadHooks
+from nbcoord.core import snapshot as _snapshot
+from nbcoord.core.registry import Owner, Registry
+from nbcoord.core.snapshot import SharedRow, SnapshotBuilder
+from nbcoord.core.threads import ThreadHooks
 
 
 @pytest.fixture

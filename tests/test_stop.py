@@ -1,4 +1,4 @@
-"""Tier 1: the one bounded stop (nbcoord._stop.StopMechanism) with a real Registry and ThreadHooks, no IPython.
+"""Tier 1: the one bounded stop (nbcoord.core.stop.StopMechanism) with a real Registry and ThreadHooks, no IPython.
 
 Timing assertions are bounds with generous margins (the machine may be loaded), never tight measurements.
 """
@@ -16,10 +16,10 @@ import psutil
 import pytest
 from helpers import wait_until
 
-from nbcoord import _fork
-from nbcoord._registry import Registry, ThreadRecord
-from nbcoord._stop import ScopeKind, StopMechanism, StopReport, StopScope, ThreadStopped
-from nbcoord._threads import ThreadHooks
+from nbcoord.core import fork as _fork
+from nbcoord.core.registry import Registry, ThreadRecord
+from nbcoord.core.stop import ScopeKind, StopMechanism, StopReport, StopScope, ThreadStopped
+from nbcoord.core.threads import ThreadHooks
 
 #: Set at teardown so that cooperative threads a test did not stop end too.
 _RELEASE_ALL = threading.Event()

@@ -124,7 +124,7 @@ def tf_setup(shared_kernel: Kernel) -> tuple[Kernel, dict[str, Any]]:
         import json, os, sys, threading, time
         import numpy as np
         import nbcoord
-        from nbcoord import _imports
+        from nbcoord.core import imports as _imports
         import tensorflow as tf
         tf.compat.v1.disable_eager_execution()
         tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
@@ -284,7 +284,7 @@ def submit_blocked(kernel: Kernel, tmp_path: Path, statement: str) -> tuple[str,
             try:
                 {statement}
             except KeyboardInterrupt:
-                integration = nbcoord.integrations.tensorflow.current()
+                integration = nbcoord.tensorflow.integration.current()
                 print(f"@@latency {{time.monotonic() - integration.last_sigint_at:.4f}}")
                 raise
             """
@@ -353,7 +353,8 @@ PREPARED = """
 import inspect, json
 from pygments.lexers.python import PythonLexer
 from stack_data.core import Source
-from nbcoord.integrations import _tf_eager, _tf_runs
+from nbcoord.tensorflow import eager as _tf_eager
+from nbcoord.tensorflow import runs as _tf_runs
 def prepared(module):  # stack_data's cached properties become plain attributes once computed
     return "pieces" in vars(Source.for_filename(module.__file__, vars(module)))
 print("@@" + json.dumps({
@@ -417,7 +418,7 @@ def test_s2_closing_a_with_session_stops_its_runners_quietly(tf_kernel: Kernel) 
     assert "@@alive 0 2" in result.stdout
     assert_quiet(result)
     # The close went through the extension's one stop (which reports), not a stop of its own.
-    closed = value(tf_kernel, "nbcoord.integrations.tensorflow.current().last_close_report")
+    closed = value(tf_kernel, "nbcoord.tensorflow.integration.current().last_close_report")
     assert closed["why"].startswith("close of session s") and closed["alive"] == [], closed
     names = [row["name"] for row in closed["stopped"]]
     assert names == ["QueueRunnerThread-with_queue-with_queue_enqueue"] * 2, closed

@@ -123,7 +123,7 @@ def test_a_poll_that_read_the_queue_before_the_stop_closed_it_keeps_who_closed_i
         qr = tf.compat.v1.train.QueueRunner(raced, [raced.enqueue(1.0)])
         sess = tf.compat.v1.Session()
         threads = qr.create_threads(sess, start=True)
-        objects = nbcoord.integrations.tensorflow.current().objects
+        objects = nbcoord.tensorflow.integration.current().objects
         sinfo = objects.session_info(sess)
         assert objects.poll(sinfo)  # builds the session's poller
         poller = sinfo.poller
@@ -170,7 +170,7 @@ def test_a_runners_close_on_stop_runs_its_cancel_op_through_the_close_prepared_f
         sess = tf.compat.v1.Session()
         coord = tf.compat.v1.train.Coordinator()
         threads = qr.create_threads(sess, coord=coord, start=True)
-        integration = nbcoord.integrations.tensorflow.current()
+        integration = nbcoord.tensorflow.integration.current()
         deadline = time.monotonic() + 20
         while integration.stopping.prepared_run(sess, qr.cancel_op) is None and time.monotonic() < deadline:
             time.sleep(0.02)  # the monitor prepares a few closes per tick

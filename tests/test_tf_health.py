@@ -36,7 +36,7 @@ def kernel(request: pytest.FixtureRequest) -> Iterator[Kernel]:
             import tensorflow as tf
             tf.compat.v1.disable_eager_execution()
             tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
-            integration = nbcoord.integrations.tensorflow.current()
+            integration = nbcoord.tensorflow.integration.current()
             integration.stuck_after_s = 1.0
             def runner_rows():
                 return [r for s in nbcoord.snapshot()["sessions"] for r in s.get("runners", [])]
@@ -140,7 +140,7 @@ def test_restart_stops_resets_and_starts_a_sessions_runners_with_a_fresh_coordin
     assert reset["raw"]["reopened"] is True, reset
     (restarted,) = report["restarted"]
     assert restarted["runner"] == "parsed" and len(restarted["threads"]) == 3 and len(restarted["tids"]) == 3
-    assert report["coordinator"] not in (None, kernel.evaluate("nbcoord.integrations.tensorflow.current()"
+    assert report["coordinator"] not in (None, kernel.evaluate("nbcoord.tensorflow.integration.current()"
                                                              ".objects.coord_info(coord).cid"))
     assert "QueueRunner `parsed`: QueueRunnerThread-parsed" in result.stdout, result.stdout
     assert kernel.evaluate("[t.is_alive() for t in threads]") == [False, False, False]

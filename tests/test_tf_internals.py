@@ -1,7 +1,7 @@
 """Every TensorFlow internal the integration touches, removed one at a time: the fallback each one names.
 
 In process, on real TensorFlow (CPU build), without a kernel: each test takes one private name away with
-``monkeypatch`` (restored after the test) and checks what :mod:`nbcoord.integrations._tf_internals` does instead,
+``monkeypatch`` (restored after the test) and checks what :mod:`nbcoord.tensorflow.internals` does instead,
 and that :func:`degraded` says so.
 """
 
@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from nbcoord._fallbacks import Fallbacks
-from nbcoord.integrations import _tf_internals as internals
-from nbcoord.integrations._tf_graph import run_op_names
-from nbcoord.integrations._tf_objects import mark_closed, session_is_open
-from nbcoord.integrations._tf_runs import warm_traceback
+from nbcoord.core.fallbacks import Fallbacks
+from nbcoord.tensorflow import internals
+from nbcoord.tensorflow.graph import run_op_names
+from nbcoord.tensorflow.objects import mark_closed, session_is_open
+from nbcoord.tensorflow.runs import warm_traceback
 
 pytestmark = [pytest.mark.tensorflow]
 

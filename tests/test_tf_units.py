@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 from helpers import wait_until
 
-from nbcoord import _imports
-from nbcoord.integrations._tf_objects import CloseRecord, QueueState
-from nbcoord.integrations._tf_patches import ClassPatches
-from nbcoord.integrations._tf_runs import InterruptWatcher, RunTracker
+from nbcoord.core import imports as _imports
+from nbcoord.core.patches import ClassPatches
+from nbcoord.tensorflow.objects import CloseRecord, QueueState
+from nbcoord.tensorflow.runs import InterruptWatcher, RunTracker
 
 
 @pytest.fixture
@@ -219,7 +219,7 @@ class _GraphDef:
 
 
 def test_hidden_ops_leave_counts_and_graph_defs_alone_for_other_graphs() -> None:
-    from nbcoord.integrations._tf_graph import HiddenOps
+    from nbcoord.tensorflow.graph import HiddenOps
 
     class Graph:
         pass
@@ -234,7 +234,7 @@ def test_hidden_ops_leave_counts_and_graph_defs_alone_for_other_graphs() -> None
 
 
 def test_a_note_is_added_once_and_python_3_10_gets_the_notes_list() -> None:
-    from nbcoord.integrations._tf_explain import add_note
+    from nbcoord.tensorflow.explain import add_note
 
     error = ValueError("queue closed")
     add_note(error, "queue `q` was closed by nbcoord's stop.")

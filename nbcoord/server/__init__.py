@@ -13,7 +13,7 @@ jupyter-resource-usage does); nothing to run. It serves, under the server's base
 ``/nbcoord/metrics``
     Prometheus metrics per kernel (:mod:`nbcoord.server._metrics`).
 
-It asks each kernel over the kernel's control channel (:mod:`nbcoord._schema`); kernels without nbcoord are shown
+It asks each kernel over the kernel's control channel (:mod:`nbcoord.core.schema`); kernels without nbcoord are shown
 with what the server sees from outside (pid, memory, GPU memory by pid). It never imports the in-kernel parts of
 nbcoord. Settings (``c.NBCoordServer.<name>`` in a ``jupyter_server_config.py``, or ``--NBCoordServer.<name>=``):
 
@@ -39,12 +39,12 @@ from typing import Any
 from jupyter_server.extension.application import ExtensionApp
 from traitlets import Bool, Float, Unicode
 
-from .._schema import REPLY, REQUEST
-from ._fleet import Fleet
-from ._gpu import Nvml
-from ._handlers import SETTINGS_KEY, handlers
-from ._kernels import NBCoordKernelManager, use_in
-from ._text import install_log_filter
+from nbcoord.core.schema import REPLY, REQUEST
+from nbcoord.server._fleet import Fleet
+from nbcoord.server._gpu import Nvml
+from nbcoord.server._handlers import SETTINGS_KEY, handlers
+from nbcoord.server._kernels import NBCoordKernelManager, use_in
+from nbcoord.server._text import install_log_filter
 
 __all__ = ["NBCoordKernelManager", "NBCoordServer"]
 

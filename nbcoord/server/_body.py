@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 import re
 
-from .._schema import MAX_GRACE_S, SchemaError, StopRequest, parse_stop
-from ._text import echoed, names, shown
+from nbcoord.core.schema import MAX_GRACE_S, SchemaError, StopRequest, parse_stop
+from nbcoord.server._text import echoed, names, shown
 
 #: The largest stop body read (a valid one is under 100 bytes).
 MAX_BODY_BYTES = 64 * 1024

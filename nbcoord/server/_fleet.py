@@ -30,18 +30,18 @@ from typing import Any, Literal
 
 import psutil
 
-from .._schema import (
+from nbcoord.core.schema import (
     REQUEST,
     KernelSummary,
     StopRequest,
     stop_request,
     summary_request,
 )
-from ._gpu import GpuRead, GpuStatus, Nvml
-from ._link import KernelLink, LinkClosed, Reply
-from ._model import VIEW_SCHEMA, FleetView, GpuHeld, KernelRow, Status, attention, sort_key
-from ._summary import OffSchema, bounded_report, check_summary
-from ._text import ECHO_CHARS, TEXT_CHARS, shown
+from nbcoord.server._gpu import GpuRead, GpuStatus, Nvml
+from nbcoord.server._link import KernelLink, LinkClosed, Reply
+from nbcoord.server._model import VIEW_SCHEMA, FleetView, GpuHeld, KernelRow, Status, attention, sort_key
+from nbcoord.server._summary import OffSchema, bounded_report, check_summary
+from nbcoord.server._text import ECHO_CHARS, TEXT_CHARS, shown
 
 log = logging.getLogger("nbcoord.server")
 

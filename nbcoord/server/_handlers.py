@@ -38,10 +38,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 from tornado import web
 
-from ._body import BadRequest, check_kernel_id, parse_stop_body
-from ._fleet import Fleet, FleetError
-from ._metrics import FleetCollector
-from ._text import TEXT_CHARS, shown
+from nbcoord.server._body import BadRequest, check_kernel_id, parse_stop_body
+from nbcoord.server._fleet import Fleet, FleetError
+from nbcoord.server._metrics import FleetCollector
+from nbcoord.server._text import TEXT_CHARS, shown
 
 _Method = TypeVar("_Method")
 

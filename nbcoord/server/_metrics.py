@@ -52,9 +52,9 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .._schema import THREAD_STATES
-from ._model import FleetView, KernelRow
-from ._text import NAME_CHARS, TEXT_CHARS, shown
+from nbcoord.core.schema import THREAD_STATES
+from nbcoord.server._model import FleetView, KernelRow
+from nbcoord.server._text import NAME_CHARS, TEXT_CHARS, shown
 
 KERNEL_LABELS = ["kernel_id", "notebook"]
 STATUSES = ("ok", "no-nbcoord", "not-answering", "dead", "error")

@@ -30,7 +30,7 @@ A ``KernelRow``:
                     error, in ``error``)
 ``error``           one sentence when ``status`` is not ``ok``, else null
 ``answer_ms``       how long nbcoord took to answer, milliseconds
-``nbcoord``         the kernel's own summary when ``status`` is ``ok`` (:class:`nbcoord._schema.KernelSummary`:
+``nbcoord``         the kernel's own summary when ``status`` is ``ok`` (:class:`nbcoord.core.schema.KernelSummary`:
                     threads, threads by state, zombies and their reasons, cells with threads, the running cell, tasks,
                     worker processes, blocked runs, queues, failures, the last stop), else null
 ``attention``       what needs attention, most urgent first: ``zombies``, ``gpu`` (holds GPU memory), ``stuck`` (not
@@ -48,8 +48,8 @@ from __future__ import annotations
 
 from typing import Literal, TypedDict
 
-from .._schema import KernelSummary
-from ._gpu import GpuStatus
+from nbcoord.core.schema import KernelSummary
+from nbcoord.server._gpu import GpuStatus
 
 VIEW_SCHEMA = 1
 

@@ -2,7 +2,7 @@
 
 A kernel is another process, and its nbcoord may be another version (or patched): a summary whose ``zombies`` is
 ``"many"`` must not break the view, the sorting or the metrics of every other kernel. :func:`check_summary` returns
-a clean copy of a summary that has every field of :class:`nbcoord._schema.KernelSummary` with the right type, or
+a clean copy of a summary that has every field of :class:`nbcoord.core.schema.KernelSummary` with the right type, or
 raises :class:`OffSchema` with one sentence naming the first field that is not (its value cut to
 :data:`nbcoord.server._text.ECHO_CHARS` characters). Fields it does not know are dropped (a newer nbcoord may add
 some); lists are cut to the schema's lengths and names to :data:`nbcoord.server._text.NAME_CHARS` characters.
@@ -18,8 +18,8 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .._schema import MAX_BLOCKED, MAX_CELLS, MAX_NAMES, MAX_QUEUES, KernelSummary, cut
-from ._text import NAME_CHARS, TEXT_CHARS, echoed
+from nbcoord.core.schema import MAX_BLOCKED, MAX_CELLS, MAX_NAMES, MAX_QUEUES, KernelSummary, cut
+from nbcoord.server._text import NAME_CHARS, TEXT_CHARS, echoed
 
 #: The most devices, reasons or thread states a summary lists (more are cut).
 MAX_ENTRIES = 64

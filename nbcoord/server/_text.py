@@ -3,7 +3,7 @@
 A request (a kernel id in a URL, a POST body) and a kernel (its summary, its stop report, its notebook path) are
 outside nbcoord's control. Where one of their values is written for a person to read, it is cut to a stated length
 and every character Python would not print (controls, CR/LF, ESC, NUL, bidi overrides such as U+202E, other format
-characters) is written as its escape (:func:`nbcoord._text.printable`, the kernel side's rule): a value can neither
+characters) is written as its escape (:func:`nbcoord.core.text.printable`, the kernel side's rule): a value can neither
 forge a log line, nor recolour a terminal, nor reorder what a reader sees.
 
 The JSON API carries values as data (a notebook path as it is, so that a program can open it), cut to the lengths
@@ -26,8 +26,8 @@ from __future__ import annotations
 import logging
 import traceback
 
-from .._schema import cut
-from .._text import NAME_CHARS, TEXT_CHARS, printable
+from nbcoord.core.schema import cut
+from nbcoord.core.text import NAME_CHARS, TEXT_CHARS, printable
 
 # The two lengths are the kernel side's (one definition): re-exported for the server's modules.
 __all__ = [
@@ -45,7 +45,7 @@ log = logging.getLogger("nbcoord.server")
 
 def shown(value: object, limit: int = NAME_CHARS) -> str:
     """A value from outside as one safe line for people: cut to ``limit`` characters (as the kernel's summary cuts,
-    :func:`nbcoord._schema.cut`), then escaped."""
+    :func:`nbcoord.core.schema.cut`), then escaped."""
     return printable(cut(value, limit))
 
 

@@ -1,0 +1,1 @@
+"""The engine: registry, threads, the one stop, snapshot, fork safety, config, checks, internals."""

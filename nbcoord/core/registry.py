@@ -1,0 +1,799 @@
+"""The kernel-wide registry of threads, cells and owners.
+
+It knows nothing of IPython or TensorFlow: the lifecycle layer tells it when a cell starts and ends, a patched
+``Thread.start`` tells it when a thread starts, and integrations attach owners (an executor, a QueueRunner) to
+threads. Everything that views show is derived from here at snapshot time.
+
+Owners are held by weak reference: the registry must never keep a Session (and its GPU memory) or an executor
+alive. Threads are held by weak reference too, so that a finished thread is forgotten once nobody else holds it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import threading
+import time
+import traceback
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import CodeType, FrameType
+from typing import Any, Literal
+
+from nbcoord.core.internals import current_frames, running_threads, starting_threads
+
+log = logging.getLogger("nbcoord")
+
+#: The interpreter's own table of running threads (ident -> Thread), looked up when the first Registry is made;
+#: None where this Python has none (liveness then comes from ``Thread.is_alive()``).
+_running: dict[int, threading.Thread] | None = None
+#: The interpreter's table of threads being started (``start()`` has returned, the running table is next), looked up
+#: with ``_running``; None where this Python has none.
+_starting: dict[threading.Thread, threading.Thread] | None = None
+
+CellOutcome = Literal["running", "ok", "error", "interrupted"]
+ZombieReason = Literal["cell-interrupted", "cell-error", "stop-ignored", "owner-closed"]
+
+#: How many frames of the starting code a record keeps. Short on purpose: it is taken on every Thread.start.
+CREATION_STACK_DEPTH = 6
+#: What Thread.start queues: the thread, its parent (the starting thread) and the parent's ident, the creation stack,
+#: the owner, the cell then running, the time. Both threads by weak reference: a queued start must not keep a thread
+#: that finished (nor its parent) alive until the next read (CPython's ``concurrent.futures.process`` keeps its
+#: threads weakly, and its forked workers call what a dead thread left there).
+PendingStart = tuple[
+    "weakref.ref[threading.Thread]", "weakref.ref[threading.Thread]", int | None, list[Any], "Owner | None",
+    "CellInfo | None", float,
+]
+#: Prefix of every thread nbcoord itself starts; they are internal and never shown or stopped as user threads.
+INTERNAL_PREFIX = "nbcoord-"
+#: How many thread failures are kept; older ones are dropped first.
+MAX_FAILURES = 100
+#: Finished cells kept besides those something still refers to (a live thread, a child process, a stop report, an
+#: on_stop callback): a long session runs thousands of cells, and every snapshot lists the cells it keeps.
+RECENT_CELLS = 100
+#: How far past RECENT_CELLS the table may grow before it is trimmed (trimming is a pass over every thread).
+_CELL_SLACK = 50
+
+
+@dataclass
+class CellInfo:
+    """One executed cell: its number, the front end's cell id if the request carried one, and its outcome."""
+
+    execution_count: int
+    cell_id: str | None
+    first_line: str
+    started_at: float
+    ended_at: float | None = None
+    outcome: CellOutcome = "running"
+    error: str | None = None
+    #: The snapshot's row of a finished cell (it no longer changes), made once.
+    row_cache: dict[str, Any] | None = None
+
+
+@dataclass
+class Owner:
+    """Something that owns a thread: an executor, a QueueRunner, a Session, a Coordinator.
+
+    ``is_closed`` and ``stop`` are called with the live object; the object itself is only held through ``ref``.
+    """
+
+    kind: str
+    label: str
+    ref: weakref.ref[object] | None = None
+    is_closed: Callable[[object], bool] | None = None
+    #: How to stop this owner (an executor: shut down with pending work cancelled); called by the stop.
+    stop: Callable[[object], None] | None = None
+
+    def closed(self) -> bool:
+        """True when the owner was closed, shut down, or garbage collected."""
+        if self.ref is None:
+            return False
+        target = self.ref()
+        if target is None:
+            return True
+        if self.is_closed is None:
+            return False
+        try:
+            return bool(self.is_closed(target))
+        except Exception:  # an owner's own state check must not break a report
+            return False
+
+
+@dataclass
+class ThreadFailure:
+    """An exception that escaped a thread's run()."""
+
+    tid: str | None
+    thread_name: str
+    cell: int | None
+    exc_type: str
+    message: str
+    traceback: str
+    at: float
+    reported: bool = False
+    #: The exception's notes (PEP 678: an integration explains a library's error there), as text.
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class ThreadRecord:
+    """What the registry knows about one thread."""
+
+    tid: str
+    thread_ref: weakref.ref[threading.Thread]
+    name: str
+    ident: int | None
+    native_id: int | None
+    daemon: bool
+    started_at: float
+    cell: CellInfo | None
+    parent_name: str | None
+    parent_tid: str | None
+    #: The starting code, innermost first, flat: [code, offset, code, offset, ...] (no tuple per frame, and the
+    #: bytecode offset rather than the line, decoded only when shown: start() stays cheap); :meth:`creation_frames`
+    #: gives (file, line, function) triples.
+    creation_stack: list[Any]
+    preexisting: bool = False
+    internal: bool = False
+    #: Claimed as the user's by an integration although no cell started it (a QueueRunner started before load).
+    claimed: bool = False
+    owners: list[Owner] = field(default_factory=list)
+    #: creation_stack as text, made on the first view that asks and kept (it never changes).
+    creation_lines: list[str] | None = None
+    #: The last snapshot row made of this record while it had no owner and no stop request (a SharedRow). The
+    #: registry's writes of a field the row shows drop it, under the registry's lock; a snapshot reuses it while it
+    #: is there and the thread's state is unchanged, and marks it while making a new one: see
+    #: SnapshotBuilder.thread_row.
+    row_cache: dict[str, Any] | None = None
+    #: Created on first use by wait_for_stop, so that Thread.start does not pay for an Event per thread.
+    stop_event: threading.Event | None = None
+    stop_requested_at: float | None = None
+    #: When an owner of this thread was first seen closed (a reason to call it a zombie, with its moment).
+    owner_closed_at: float | None = None
+    last_exception: ThreadFailure | None = None
+    last_active: float = 0.0
+    activity_signature: tuple[int, int] | None = None
+    cpu_s: float | None = None
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The live Thread object, or None once it is gone."""
+        return self.thread_ref()
+
+    def creation_frames(self) -> list[tuple[str, int, str]]:
+        """Where the thread was started, innermost first, as (file, line, function)."""
+        flat = self.creation_stack
+        pairs = zip(flat[0::2], flat[1::2], strict=False)
+        return [(code.co_filename, line_of(code, offset), code.co_name) for code, offset in pairs]
+
+    @property
+    def user(self) -> bool:
+        """Whether this is the user's thread: started by a cell (or by a thread a cell started), or claimed by an
+        integration. Only the user's threads are ever stopped, forced or called zombies; the kernel's own threads
+        (started before nbcoord, or outside any cell) never are."""
+        return not self.internal and (self.cell is not None or self.claimed)
+
+    def is_alive(self) -> bool:
+        """Whether the thread is still running.
+
+        Asks the interpreter's table of running threads rather than ``Thread.is_alive()``: on CPython 3.11 a
+        KeyboardInterrupt during ``join()`` marks a live thread as stopped, and the OS reuses idents at once.
+        """
+        thread = self.thread_ref()
+        if thread is None or self.ident is None:
+            return False
+        table = _running
+        if table is None:
+            return thread.is_alive()
+        return table.get(self.ident) is thread or _is_starting(thread)
+
+
+def _is_starting(thread: threading.Thread) -> bool:
+    """Whether ``thread`` is in the interpreter's table of threads being started: its ``start()`` returned, and it
+    is about to put itself in the running table (a registry read in that moment must not take it for ended: the
+    thread, looking up its own record an instant later, was told it was no cell's thread and died)."""
+    table = _starting
+    if table is None:
+        return False
+    try:
+        return thread in table
+    except Exception:  # a Thread subclass whose __hash__ or __eq__ raises: not known to be starting
+        return False
+
+
+def creation_stack(frame: FrameType | None, depth: int = CREATION_STACK_DEPTH) -> list[Any]:
+    """A short, cheap stack of the innermost frames, flat: [code, offset, code, offset, ...] (no source reads)."""
+    stack: list[Any] = []
+    for _ in range(depth):
+        if frame is None:
+            break
+        stack.append(frame.f_code)
+        stack.append(frame.f_lasti)
+        frame = frame.f_back
+    return stack
+
+
+def line_of(code: CodeType, offset: int) -> int:
+    """The source line of the instruction at ``offset`` (a frame's ``f_lasti``) in ``code``; 0 if none."""
+    for start, end, line in code.co_lines():
+        if start <= offset < end:
+            return line if line is not None else code.co_firstlineno
+    return code.co_firstlineno
+
+
+class Registry:
+    """Thread-safe record of threads and cells for one kernel."""
+
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float] = time.time,
+        keep_cells: Callable[[], Iterable[int]] | None = None,
+        kernel_classes: Callable[[], tuple[type, ...]] = tuple,
+    ) -> None:
+        global _running, _starting
+        if _running is None:
+            _running = running_threads()  # None again where this Python has no such table
+            _starting = starting_threads()
+        self._clock = clock
+        #: Execution counts of cells that something outside the registry still refers to (child processes, stop
+        #: reports, callbacks): kept when old cells are forgotten.
+        self.keep_cells = keep_cells
+        #: The classes of the kernel's own threads (IPython's history saver, ipykernel's channel threads): a thread
+        #: of one of them is the kernel's even when a cell's code started it (IPython restarts its history thread
+        #: after a fork, from whichever thread forked). Asked once per drain: modules come and go.
+        self._kernel_classes = kernel_classes
+        self._kernel_classes_now: tuple[type, ...] = ()
+        # Guards _threads, _by_ident, _cells, _current_cell, _failures and every record's mutable fields.
+        self._lock = threading.RLock()
+        self._threads: dict[str, ThreadRecord] = {}
+        self._by_ident: dict[int, ThreadRecord] = {}
+        # The idents of every record's thread, as the last full prune found them alive, and the version then: while
+        # nothing was added or removed since, one C-speed comparison with threading's own table tells whether any
+        # of them ended (see _none_ended). Idents, not threads: nothing here keeps a finished thread alive.
+        self._alive_at_prune: tuple[int, set[int]] = (-1, set())
+        self._cells: dict[int, CellInfo] = {}
+        self._current_cell: CellInfo | None = None
+        self._failures: deque[ThreadFailure] = deque(maxlen=MAX_FAILURES)
+        self._ids = itertools.count(1)
+        #: Threads started but not yet registered (see note_started); appended without the lock.
+        self._pending: deque[PendingStart] = deque()
+        #: Drains under way (under the lock; a counter, as drains nest): see _drain.
+        self._draining = 0
+        #: Records by the cell that started them (keyed by the CellInfo's id), for per-cell hooks.
+        self._by_cell: dict[int, dict[str, ThreadRecord]] = {}
+        #: Bumped whenever a record is added or pruned; keys the cached native-id -> name table.
+        self._version = 0
+        self._names: tuple[int, dict[int, str]] = (-1, {})
+
+    # ----------------------------------------------------------------------------------------------- cells
+    def cell_started(self, execution_count: int, cell_id: str | None, source: str) -> CellInfo:
+        """Record that a cell began to run on the main thread."""
+        first_line = next((line.strip() for line in source.splitlines() if line.strip()), "")
+        cell = CellInfo(execution_count, cell_id, first_line[:120], self._clock())
+        with self._lock:
+            self._cells[execution_count] = cell
+            self._current_cell = cell
+        return cell
+
+    def cell_finished(self, execution_count: int, outcome: CellOutcome, error: str | None = None) -> CellInfo | None:
+        """Record a cell's outcome. The count may differ from the provisional one given at start."""
+        with self._lock:
+            cell = self._current_cell
+            self._current_cell = None
+            if cell is None:
+                return None
+            if cell.execution_count != execution_count:
+                self._cells.pop(cell.execution_count, None)
+                cell.execution_count = execution_count
+                self._cells[execution_count] = cell
+            cell.ended_at = self._clock()
+            cell.outcome = outcome
+            cell.error = error
+            for record in self._by_cell.get(id(cell), {}).values():
+                record.row_cache = None  # its cell number or outcome (a zombie reason) changed
+            if len(self._cells) > RECENT_CELLS + _CELL_SLACK:
+                self._forget_old_cells()
+            return cell
+
+    def _forget_old_cells(self) -> None:
+        """Keep the recent cells, and the older ones something still refers to; forget the rest (under the lock)."""
+        counts = list(self._cells)  # in the order they started
+        keep = set(counts[-RECENT_CELLS:])
+        keep.update(r.cell.execution_count for r in self._threads.values() if r.cell is not None)
+        keep.update(entry[5].execution_count for entry in self._pending if entry[5] is not None)
+        if self._current_cell is not None:
+            keep.add(self._current_cell.execution_count)
+        if self.keep_cells is not None:
+            try:
+                keep.update(self.keep_cells())
+            except Exception:  # keep everything rather than forget what may be in use
+                log.warning("nbcoord: could not tell which cells are in use", exc_info=True)
+                return
+        for count in counts:
+            if count not in keep:
+                del self._cells[count]
+
+    def current_cell(self) -> CellInfo | None:
+        """The cell running now, if any."""
+        return self._current_cell
+
+    def cells(self) -> list[CellInfo]:
+        """Every cell seen, oldest first."""
+        with self._lock:
+            return sorted(self._cells.values(), key=lambda cell: cell.started_at)
+
+    def cell(self, execution_count: int) -> CellInfo | None:
+        """One cell by its execution count."""
+        return self._cells.get(execution_count)
+
+    # --------------------------------------------------------------------------------------------- threads
+    def note_started(
+        self,
+        thread: threading.Thread,
+        parent: threading.Thread,
+        frame: FrameType | None,
+        owner: Owner | None = None,
+    ) -> PendingStart:
+        """The hot path of ``Thread.start``, called just before the thread runs: queue what only the starting
+        moment knows; the record is made on the next read of the registry.
+
+        Reads drain the queue in order, so a parent is always registered before the threads it started; an entry
+        whose thread has no ident yet (its start is still under way) waits for a later read. ``deque.append``
+        needs no lock. The threads are queued by weak reference (``weakref.ref`` of an object returns the one
+        basic reference it already has, so the record made later holds that same reference: see _parent_record).
+        """
+        entry = (
+            weakref.ref(thread), weakref.ref(parent), parent.ident, creation_stack(frame), owner, self._current_cell,
+            self._clock(),
+        )
+        self._pending.append(entry)
+        return entry
+
+    def forget_pending(self, entry: PendingStart) -> None:
+        """Drop a queued start whose ``Thread.start`` failed."""
+        with self._lock, contextlib.suppress(ValueError):
+            self._pending.remove(entry)
+
+    def _drain(self) -> None:
+        # Both read without the lock, the queue first. A drain on another thread counts itself before it takes an
+        # entry and uncounts once what it took is registered: a reader that finds the queue empty while such a
+        # drain is under way waits for it below, instead of missing a thread that is being registered (one of
+        # 1000 threads calling wait_for_stop() at once was told it was no cell's thread, and died of it).
+        if not self._pending and not self._draining:
+            return
+        main = threading.main_thread()
+        with self._lock:
+            self._draining += 1
+            try:
+                waiting: list[PendingStart] = []
+                gone: dict[int, ThreadRecord] = {}
+                self._kernel_classes_now = self._kernel_classes()
+                pending, register = self._pending, self._register
+                while pending:
+                    entry = pending.popleft()
+                    thread = entry[0]()
+                    if thread is None:
+                        # It ran, ended and was freed before this read: no record (nothing to show or stop), but
+                        # threads it started inherit its cell through what its record would have said.
+                        gone[id(entry[0])] = self._record_of(entry, None, main, None)
+                        continue
+                    ident = thread.ident
+                    if ident is None:
+                        waiting.append(entry)
+                        continue
+                    register(entry, thread, main, ident, gone)
+                self._pending.extendleft(reversed(waiting))
+            finally:
+                self._draining -= 1
+
+    def _register(
+        self,
+        entry: PendingStart,
+        thread: threading.Thread,
+        main: threading.Thread,
+        ident: int,
+        gone: dict[int, ThreadRecord],
+    ) -> ThreadRecord:
+        """The record of a queued start (under the lock; paid once per thread, on the next read)."""
+        record = self._record_of(entry, thread, main, ident, gone)
+        self._add(record)
+        return record
+
+    def _record_of(
+        self,
+        entry: PendingStart,
+        thread: threading.Thread | None,
+        main: threading.Thread,
+        ident: int | None,
+        gone: dict[int, ThreadRecord] | None = None,
+    ) -> ThreadRecord:
+        """What a queued start's record says (``thread`` None: it is already gone; the record is not kept)."""
+        _, parent_ref, parent_ident, stack, owner, main_cell, now = entry
+        parent = parent_ref()
+        name = thread.name if thread is not None else ""
+        internal = name.startswith(INTERNAL_PREFIX)  # nbcoord names its threads when it makes them
+        parent_record = self._parent_record(parent_ref, parent_ident, gone)
+        cell: CellInfo | None
+        if parent_record is not None:
+            cell = parent_record.cell
+            if cell is None and parent is main:
+                cell = main_cell
+            preexisting = parent_record.preexisting and parent is not main
+            internal = internal or parent_record.internal
+            claimed = parent_record.claimed
+            parent_tid: str | None = parent_record.tid
+        else:
+            cell = main_cell if parent is main else None
+            preexisting = claimed = False
+            parent_tid = None
+        if cell is not None and thread is not None and isinstance(thread, self._kernel_classes_now):
+            cell = None  # the kernel's own, wherever it was started (its threads then are the kernel's too)
+        parent_name = parent.name if parent is not None else parent_record.name if parent_record is not None else None
+        if thread is None:
+            return ThreadRecord(
+                "", entry[0], name, None, None, False, now, cell, parent_name, parent_tid, stack, preexisting,
+                internal, claimed,
+            )
+        # Threads started by the kernel's own threads (or by nbcoord's) count as theirs, not the user's.
+        record = self._new_record(
+            thread, ident, name, now, cell, parent_name, parent_tid, stack, preexisting, internal, claimed
+        )
+        if owner is not None:
+            record.owners.append(owner)
+        return record
+
+    def _parent_record(
+        self, parent_ref: weakref.ref[threading.Thread], parent_ident: int | None, gone: dict[int, ThreadRecord] | None
+    ) -> ThreadRecord | None:
+        """The record of the thread behind ``parent_ref``, also when that thread has ended and been freed since: the
+        record holds the same weak reference (see note_started), and the OS reuses idents at once, so the ident
+        alone is not enough."""
+        record = self._by_ident.get(parent_ident) if parent_ident is not None else None
+        if record is not None and record.thread_ref is parent_ref:
+            return record
+        return gone.get(id(parent_ref)) if gone else None
+
+    def adopt_existing(self, *, internal: Callable[[threading.Thread], bool] = lambda _t: False) -> None:
+        """Register threads that were running before the extension was loaded."""
+        now = self._clock()
+        for thread in threading.enumerate():
+            if thread.ident is None or thread.ident in self._by_ident:
+                continue
+            ident, name = thread.ident, thread.name
+            record = self._new_record(thread, ident, name, now, None, None, None, [], True, internal(thread), False)
+            with self._lock:
+                self._add(record)
+
+    def _new_record(  # noqa: PLR0917 (positional on purpose: a keyword call costs twice as much, per thread)
+        self,
+        thread: threading.Thread,
+        ident: int | None,
+        name: str,
+        now: float,
+        cell: CellInfo | None,
+        parent_name: str | None,
+        parent_tid: str | None,
+        stack: list[Any],
+        preexisting: bool,
+        internal: bool,
+        claimed: bool,
+    ) -> ThreadRecord:
+        """A record with a fresh id and what the Thread object itself says (its ident and name as the caller read
+        them, once); the rest says where it came from."""
+        record = ThreadRecord(
+            f"t{next(self._ids)}",
+            weakref.ref(thread),
+            name,
+            ident,
+            thread.native_id,
+            thread.daemon,
+            now,
+            cell,
+            parent_name,
+            parent_tid,
+            stack,
+            preexisting,
+            internal,
+            claimed,
+        )
+        record.last_active = now
+        return record
+
+    def _add(self, record: ThreadRecord) -> None:
+        # A finished thread's ident can be reused by the OS: the newer record wins.
+        version, alive = self._alive_at_prune
+        if version == self._version and record.ident is not None and record.ident not in alive:
+            alive.add(record.ident)  # (an ident already there: the sizes differ now, and _prune looks closer)
+            self._alive_at_prune = (version + 1, alive)
+        self._version += 1
+        self._threads[record.tid] = record
+        if record.ident is not None:
+            self._by_ident[record.ident] = record
+        if record.cell is not None:
+            self._by_cell.setdefault(id(record.cell), {})[record.tid] = record
+
+    def _own_record(self, thread: threading.Thread) -> ThreadRecord | None:
+        """The record of exactly this thread: the OS reuses idents at once, so the ident alone is not enough."""
+        record = self._by_ident.get(thread.ident) if thread.ident is not None else None
+        return record if record is not None and record.thread_ref() is thread else None
+
+    def records_of_cell(self, cell: CellInfo) -> list[ThreadRecord]:
+        """The live threads a cell started (directly or through its threads)."""
+        self._drain()
+        with self._lock:
+            return [record for record in self._by_cell.get(id(cell), {}).values() if record.is_alive()]
+
+    def add_owner(self, thread: threading.Thread, owner: Owner, *, claim: bool = False) -> None:
+        """Attach an owner to a registered thread (integrations call this).
+
+        ``claim``: the owner proves the thread is the user's work although no cell started it (a QueueRunner's
+        thread found running when nbcoord loads); from then on it is stopped and judged like a cell's thread.
+        """
+        self._drain()
+        record = self.for_thread(thread)
+        if record is not None:
+            with self._lock:
+                record.owners.append(owner)
+                if claim and not record.name.startswith(INTERNAL_PREFIX):
+                    # Work an integration vouches for; nbcoord's own threads stay internal, but a thread that
+                    # only inherited the flag (a runner restarted from the panel's thread) is the user's.
+                    record.claimed = True
+                    record.internal = False
+                record.row_cache = None
+
+    def for_thread(self, thread: threading.Thread) -> ThreadRecord | None:
+        """The record of a Thread object, if registered."""
+        self._drain()
+        if thread.ident is None:
+            return None
+        record = self._by_ident.get(thread.ident)
+        if record is None or record.thread is not thread:
+            return None
+        return record
+
+    def for_ident(self, ident: int) -> ThreadRecord | None:
+        """The record of the thread with this ident, if registered."""
+        self._drain()
+        return self._by_ident.get(ident)
+
+    def get(self, tid: str) -> ThreadRecord | None:
+        """A record by the id the registry issued."""
+        self._drain()
+        return self._threads.get(tid)
+
+    def keep_row(self, record: ThreadRecord, building: dict[str, Any], row: dict[str, Any]) -> None:
+        """Keep ``row`` as the record's snapshot row, unless a write dropped ``building`` (the mark the snapshot set
+        before it read the record) meanwhile."""
+        with self._lock:
+            if record.row_cache is building:
+                record.row_cache = row
+
+    def records(self, *, include_internal: bool = False) -> list[ThreadRecord]:
+        """Registered live threads, oldest first; finished ones are pruned."""
+        with self._lock:
+            self._drain()
+            self._prune()
+            if include_internal:
+                return list(self._threads.values())
+            return [record for record in self._threads.values() if not record.internal]
+
+    def native_names(self) -> dict[int, str]:
+        """Native thread id -> Python thread name of every registered thread (nbcoord's included), for labelling
+        the OS's thread list. Rebuilt only when threads came or went; names are as the monitor last saw them."""
+        with self._lock:
+            self._drain()
+            version, names = self._names
+            if version != self._version:
+                names = {r.native_id: r.name for r in self._threads.values() if r.native_id is not None}
+                self._names = (self._version, names)
+            return names
+
+    def _none_ended(self, table: Mapping[int, threading.Thread]) -> bool:
+        """True when no thread the last full prune found alive has ended and none was added or removed since: every
+        one's ident still in threading's table (1000 threads: a few us, where the full check takes 100).
+
+        An ident can only come back to the table through a thread's start, whose registration (which every read
+        drains before it prunes) changes the version; the one exception, a foreign thread's ``_DummyThread``
+        taking a dead thread's ident, leaves that record listed until the next registration (its thread reads as
+        not alive meanwhile: ``ThreadRecord.is_alive`` checks the object).
+        """
+        version, alive = self._alive_at_prune
+        if version != self._version or len(alive) != len(self._threads):
+            return False
+        return table.keys() >= alive
+
+    def _prune(self) -> None:
+        """Forget finished threads (called under the lock, on every read: the liveness test is inlined)."""
+        table = _running
+        if table is not None and self._none_ended(table):
+            return
+        dead: list[ThreadRecord] = []
+        for record in self._threads.values():
+            thread = record.thread_ref()
+            if thread is None or record.ident is None:
+                dead.append(record)
+            elif table is not None:
+                if table.get(record.ident) is not thread and not _is_starting(thread):
+                    dead.append(record)
+            elif not thread.is_alive():
+                dead.append(record)
+        for record in dead:
+            self._version += 1
+            del self._threads[record.tid]
+            if record.ident is not None and self._by_ident.get(record.ident) is record:
+                del self._by_ident[record.ident]
+            if record.cell is not None:
+                siblings = self._by_cell.get(id(record.cell), {})
+                siblings.pop(record.tid, None)  # a dict: O(1) where a cell started thousands of threads
+                if not siblings:
+                    self._by_cell.pop(id(record.cell), None)
+        if table is not None:
+            idents = {r.ident for r in self._threads.values() if r.ident is not None}
+            self._alive_at_prune = (self._version, idents) if len(idents) == len(self._threads) else (-1, set())
+
+    # --------------------------------------------------------------------------------------------- zombies
+    def zombie_reasons(
+        self, record: ThreadRecord, grace_period: float, *, alive: bool | None = None
+    ) -> list[tuple[ZombieReason, float]]:
+        """Every reason a live thread of the user's counts as a zombie, with when it began, first cause first
+        (``alive``: if already known). Empty when it is not a zombie."""
+        if not record.user or not (record.is_alive() if alive is None else alive):
+            return []
+        reasons: list[tuple[ZombieReason, float]] = []
+        cell = record.cell
+        if cell is not None and cell.ended_at is not None and cell.outcome in ("interrupted", "error"):
+            reasons.append(("cell-interrupted" if cell.outcome == "interrupted" else "cell-error", cell.ended_at))
+        if record.owners and any(owner.closed() for owner in record.owners):
+            if record.owner_closed_at is None:
+                record.owner_closed_at = self._clock()  # first seen closed: an attribute store needs no lock
+            reasons.append(("owner-closed", record.owner_closed_at))
+        asked = record.stop_requested_at
+        if asked is not None and self._clock() - asked > grace_period:
+            reasons.append(("stop-ignored", asked))
+        reasons.sort(key=lambda reason: reason[1])
+        return reasons
+
+    def item_zombie_reasons(
+        self,
+        cell: int | None,
+        grace_period: float,
+        *,
+        closed_at: float | None = None,
+        stop_requested_at: float | None = None,
+    ) -> list[tuple[ZombieReason, float]]:
+        """The same rules for something that is not a thread (a task, a pool): its cell was interrupted or failed,
+        its owner closed at ``closed_at`` while it runs, a stop asked at ``stop_requested_at`` was ignored; first
+        cause first. ``cell`` None: not the user's, never a zombie."""
+        info = self._cells.get(cell) if cell is not None else None
+        if cell is None:
+            return []
+        reasons: list[tuple[ZombieReason, float]] = []
+        if info is not None and info.ended_at is not None and info.outcome in ("interrupted", "error"):
+            reasons.append(("cell-interrupted" if info.outcome == "interrupted" else "cell-error", info.ended_at))
+        if closed_at is not None:
+            reasons.append(("owner-closed", closed_at))
+        if stop_requested_at is not None and self._clock() - stop_requested_at > grace_period:
+            reasons.append(("stop-ignored", stop_requested_at))
+        reasons.sort(key=lambda reason: reason[1])
+        return reasons
+
+    def zombie_reason(
+        self, record: ThreadRecord, grace_period: float, *, alive: bool | None = None
+    ) -> ZombieReason | None:
+        """The first reason a live thread counts as a zombie, or None when it does not."""
+        reasons = self.zombie_reasons(record, grace_period, alive=alive)
+        return reasons[0][0] if reasons else None
+
+    # -------------------------------------------------------------------------------------------- stopping
+    def request_stop(self, records: Iterable[ThreadRecord]) -> None:
+        """Set the stop flag of these threads (``nbcoord.should_stop()`` turns True in them)."""
+        now = self._clock()
+        with self._lock:
+            for record in records:
+                if record.stop_requested_at is None:
+                    record.stop_requested_at = now
+                    record.row_cache = None
+                if record.stop_event is not None:
+                    record.stop_event.set()
+
+    def stop_requested_for_current(self) -> bool:
+        """Whether a stop was requested for the calling thread (False when it is not registered)."""
+        self._drain()
+        record = self._own_record(threading.current_thread())
+        return record is not None and record.stop_requested_at is not None
+
+    def stop_event_for_current(self) -> threading.Event | None:
+        """The stop flag of the calling thread as an Event (made on first use), if the thread is registered."""
+        self._drain()
+        record = self._own_record(threading.current_thread())
+        if record is None:
+            return None
+        with self._lock:
+            if record.stop_event is None:
+                record.stop_event = threading.Event()
+                if record.stop_requested_at is not None:
+                    record.stop_event.set()
+            return record.stop_event
+
+    # -------------------------------------------------------------------------------------------- failures
+    def thread_failed(self, thread: threading.Thread | None, exc: BaseException) -> ThreadFailure:
+        """Keep an exception that escaped a thread, with its traceback, thread and cell."""
+        record = self.for_thread(thread) if thread is not None else None
+        failure = ThreadFailure(
+            tid=record.tid if record is not None else None,
+            thread_name=thread.name if thread is not None else "?",
+            cell=record.cell.execution_count if record is not None and record.cell is not None else None,
+            exc_type=type(exc).__name__,
+            message=str(exc)[:500],
+            traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+            at=self._clock(),
+            notes=[str(note)[:500] for note in getattr(exc, "__notes__", None) or []][:5],
+        )
+        with self._lock:
+            self._failures.append(failure)
+            if record is not None:
+                record.last_exception = failure
+                record.row_cache = None
+        return failure
+
+    def failures(self) -> list[ThreadFailure]:
+        """Recent thread failures, oldest first."""
+        with self._lock:
+            return list(self._failures)
+
+    def take_unreported_failures(self) -> list[ThreadFailure]:
+        """Failures not yet announced in a cell; marks them announced."""
+        with self._lock:
+            pending = [failure for failure in self._failures if not failure.reported]
+            for failure in pending:
+                failure.reported = True
+            return pending
+
+    # -------------------------------------------------------------------------------------------- activity
+    def sample_activity(self) -> None:
+        """Note which threads moved since the last sample (their innermost frame or line changed), and which
+        owners closed (the moment a thread became a zombie for that reason).
+
+        Also forgets finished threads, so the registry stays small when no view asks for snapshots.
+        """
+        # Only (code, line) of each thread: holding the frames themselves (through the lock, for the whole sample)
+        # would keep what they refer to alive and let it be finalized later, in another thread (Keras' enqueuer,
+        # whose __del__ then swallowed the main thread's KeyboardInterrupt).
+        frames = current_frames()
+        where = {ident: (id(frame.f_code), frame.f_lineno) for ident, frame in frames.items()}
+        del frames
+        now = self._clock()
+        with self._lock:
+            self._drain()
+            self._prune()
+            for record in self._threads.values():
+                thread = record.thread_ref()
+                if thread is not None and thread.name != record.name:
+                    record.name = thread.name
+                    record.row_cache = None
+                    self._version += 1  # the name table is out of date
+                signature = where.get(record.ident) if record.ident is not None else None
+                if signature != record.activity_signature:
+                    record.activity_signature = signature
+                    record.last_active = now
+                    record.row_cache = None
+                if record.owners and record.owner_closed_at is None and any(o.closed() for o in record.owners):
+                    record.owner_closed_at = now  # when it became a zombie for this reason, to the sample
+
+    def note_cpu(self, cpu_by_native_id: dict[int, float]) -> None:
+        """Record threads' CPU times (by native id); a change counts as activity."""
+        now = self._clock()
+        with self._lock:
+            for record in self._threads.values():
+                cpu_s = cpu_by_native_id.get(record.native_id) if record.native_id is not None else None
+                if cpu_s is None:
+                    continue
+                if record.cpu_s is not None and cpu_s > record.cpu_s + 1e-3:
+                    record.last_active = now
+                if cpu_s != record.cpu_s:
+                    record.cpu_s = cpu_s
+                    record.row_cache = None

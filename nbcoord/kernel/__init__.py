@@ -1,0 +1,1 @@
+"""Routes into ipykernel and IPython: the fast comm route, the control route, output routing, shutdown."""

@@ -1,0 +1,156 @@
+"""What the panel's action commands do, on the panel's action thread (never a kernel channel thread, never main).
+
+- **Stop all** (``stop`` with ``scope="all"`` and ``interrupt``): the one stop of everything cells started, then,
+  if the cell that was running at the click still runs, an Interrupt of it, through the same path as the
+  kernel's Interrupt: SIGINT delivered to the main thread. Python's C-level handler trips the SIGINT handler
+  (the running Python code gets ``KeyboardInterrupt``), makes a blocking call in the main thread return
+  (``time.sleep``, a lock's wait) and writes the signal wakeup fd, which TensorFlow's integration watches to
+  cancel a run blocked in C++ (the session stays usable). ``_thread.interrupt_main()`` does the first and the
+  last, but not the second: a cell in ``time.sleep(30)`` would sleep on. It is the fallback where
+  ``signal.pthread_kill`` is missing.
+- **Stop background work** (``stop`` without ``interrupt``) and the per-cell, per-thread and zombie stops: the
+  one stop only; the running cell goes on.
+- **Restart** a TensorFlow session's runners: :func:`nbcoord.restart_runners`.
+- **Reclaim memory**: the extension's ``reclaim(outputs=False)`` where it has one, on the main thread (the
+  controller runs it there: at once, or when the kernel's event loop is next free). Reclaims are joined as stops
+  are (:class:`Reclaims`): clicks that arrive while a reclaim waits or runs join it, and one runs at most every
+  ``RECLAIM_SPACING_S``, so that a flood of clicks costs the main thread one or two reclaims, not one per click
+  (300 clicks, about 50 ms each, kept the kernel from answering a cell for 13-20 s).
+"""
+
+from __future__ import annotations
+
+import _thread
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+from nbcoord.panel.commands import Command
+
+log = logging.getLogger("nbcoord")
+
+
+def interrupt_main() -> str | None:
+    """Interrupt the main thread as the kernel's Interrupt does; None once sent, else why it was not.
+
+    Only while Python handles SIGINT: between cells ipykernel ignores it (``SIG_IGN``), and a process whose
+    handler is the default one would be killed by a real signal.
+    """
+    handler = signal.getsignal(signal.SIGINT)
+    if not callable(handler):
+        return "SIGINT is not handled by Python here, so the cell cannot be interrupted"
+    main = threading.main_thread()
+    ident = main.ident
+    if ident is None or not main.is_alive():
+        return "the main thread is gone"
+    try:
+        signal.pthread_kill(ident, signal.SIGINT)
+    except (AttributeError, OSError, ValueError):
+        log.debug("nbcoord: pthread_kill failed; interrupting with _thread.interrupt_main", exc_info=True)
+        _thread.interrupt_main()
+    return None
+
+
+def restart_session(session: str) -> dict[str, Any]:
+    """Restart a TensorFlow session's queue runners through the public API; returns its report."""
+    import nbcoord
+
+    return nbcoord.restart_runners(session)
+
+
+def reclaim(extension: Any) -> dict[str, Any]:
+    """The extension's reclaim of memory (outputs left alone), where it has one; raises ``RuntimeError`` else."""
+    method = getattr(extension, "reclaim", None)
+    if not callable(method):
+        raise RuntimeError("this version of nbcoord cannot reclaim memory")
+    report = method(outputs=False)
+    return dict(report) if isinstance(report, dict) else {"text": str(report)}
+
+
+#: A panel reclaim starts at most this many seconds after the previous one ended; clicks meanwhile join the next.
+RECLAIM_SPACING_S: Final = 1.0
+
+#: ``schedule(callback, delay)``: run ``callback`` on the main thread (the kernel's event loop) ``delay`` seconds
+#: from now; returns why it cannot (None: scheduled).
+Schedule = Callable[[Callable[[], None], float], "str | None"]
+
+
+class Reclaims:
+    """The panel's reclaims: one waits or runs at a time, on the main thread, and every click joins it.
+
+    ``run()`` performs one reclaim (on the main thread) and returns its result; ``done(commands, result)`` and
+    ``failed(commands, error)`` answer every click it took: each click gets exactly one of the two.
+    """
+
+    def __init__(
+        self,
+        run: Callable[[], dict[str, Any]],
+        done: Callable[[list[Command], dict[str, Any]], None],
+        failed: Callable[[list[Command], Exception], None],
+        schedule: Schedule,
+        *,
+        spacing: float = RECLAIM_SPACING_S,
+    ) -> None:
+        self._run = run
+        self._done = done
+        self._failed = failed
+        self._schedule = schedule
+        self._spacing = spacing
+        self._lock = threading.Lock()  # guards _waiting, _running, _ended_at
+        self._waiting: list[Command] | None = None
+        self._running: list[Command] | None = None
+        self._ended_at = -spacing
+        #: Reclaims run so far (tests read it).
+        self.runs = 0
+
+    def submit(self, commands: list[Command]) -> None:
+        """Join the reclaim that waits or runs, or schedule one (at once on the main thread when it may run now);
+        never blocks on the main thread's work."""
+        if not commands:
+            return
+        with self._lock:
+            joined = self._waiting if self._waiting is not None else self._running
+            if joined is not None:
+                joined.extend(commands)
+                return
+            self._waiting = list(commands)
+            delay = max(0.0, self._ended_at + self._spacing - time.monotonic())
+        on_main = threading.current_thread() is threading.main_thread()
+        if on_main and delay == 0:
+            self._run_waiting()
+            return
+        why = self._schedule(self._run_waiting, delay)
+        if why is None:
+            return
+        if on_main:  # no event loop to wait on (an in-process shell): run now rather than never
+            self._run_waiting()
+            return
+        with self._lock:
+            refused, self._waiting = self._waiting or [], None
+        self._failed(refused, RuntimeError(why))
+
+    def _run_waiting(self) -> None:
+        """Run the waiting reclaim (on the main thread), then answer every click that joined it."""
+        with self._lock:
+            commands, self._waiting = self._waiting, None
+            if not commands:
+                return
+            self._running = commands
+        result: dict[str, Any] | None = None
+        failure: Exception | None = None
+        try:
+            result = self._run()
+            self.runs += 1
+        except Exception as error:
+            log.warning("nbcoord: the panel's reclaim failed", exc_info=True)
+            failure = error
+        with self._lock:
+            answered, self._running = self._running or commands, None
+            self._ended_at = time.monotonic()
+        if result is not None:
+            self._done(answered, result)
+        else:
+            self._failed(answered, failure or RuntimeError("the reclaim gave no report"))

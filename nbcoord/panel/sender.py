@@ -1,0 +1,184 @@
+"""The panel's sender: one thread per kernel that ticks while a view watches, and the diffing of traits.
+
+:class:`Sender` is the one long-lived thread (``nbcoord-panel``): it calls its tick every interval while someone
+watches, and parks (no cost) while nobody does. :class:`TraitSender` sets only the traits whose value changed,
+in one message (``hold_sync``): values are compared as Python values (cheaper than encoding 1000 rows every
+tick), and a big trait that changes all the time is sent at most every ``size / BYTES_PER_INTERVAL`` intervals,
+so that 1000 busy threads cannot turn the panel into a firehose. A trait held back is sent, as that tick built
+it, once its wait is over: not at the next tick, which may be many seconds away while ticks are expensive (the
+header would count 1000 new threads that the list does not show meanwhile). One lock serialises every send to
+the widget: the sender's ticks, the held traits and the acknowledgements of clicks, which go out at once from the
+command thread.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+from nbcoord.core.threads import INTERNAL_PREFIX
+
+log = logging.getLogger("nbcoord")
+
+SENDER_THREAD_NAME: Final = f"{INTERNAL_PREFIX}panel"
+#: A trait larger than this is sent at most every (size / this) intervals.
+BYTES_PER_INTERVAL: Final = 64 * 1024
+#: Traits that go together: when one is held back (too big to send this often), so are the others, so that a
+#: view never shows a group's count with another moment's rows.
+TOGETHER: Final = (frozenset({"threads", "ledger", "groups", "cells"}),)
+
+
+def to_json(value: Any) -> str:
+    """The JSON a trait's value is sent as (for its size)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+class Sender:
+    """The one long-lived thread that sends the panel's state; parked (no cost) while nobody watches."""
+
+    def __init__(
+        self,
+        tick: Callable[[], None],
+        wait: Callable[[], float],
+        active: Callable[[], bool],
+        traits: TraitSender,
+    ) -> None:
+        self._tick = tick
+        self._wait = wait
+        self._active = active
+        self._traits = traits  # whose held traits go out between ticks, when their wait is over
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name=SENDER_THREAD_NAME, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def wake(self) -> None:
+        """Tick now (after a command), or unpark."""
+        self._wake.set()
+
+    def stop(self, timeout: float = 1.0) -> None:
+        """Stop and join; the tick in progress, if any, finishes first."""
+        self._stopping = True
+        self._wake.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def native_id(self) -> int | None:
+        """The sender thread's OS id (the benchmark reads its CPU time)."""
+        return self._thread.native_id
+
+    def _run(self) -> None:
+        while not self._stopping:
+            if not self._active():
+                self._wake.wait()  # parked: a view, a command or stop() wakes it
+                self._wake.clear()
+                continue
+            try:
+                self._tick()
+            except Exception:
+                log.warning("nbcoord: panel update failed", exc_info=True)
+            self._until_next_tick(time.monotonic() + self._wait())
+
+    def _until_next_tick(self, next_tick: float) -> None:
+        """Wait for the next tick (or a wake), sending held traits when they are due meanwhile."""
+        while not self._stopping:
+            due = self._traits.held_due()
+            until = next_tick if due is None else min(due, next_tick)
+            if self._wake.wait(max(0.0, until - time.monotonic())):
+                self._wake.clear()
+                return
+            if due is None or due >= next_tick:
+                return
+            try:
+                self._traits.send_held(time.monotonic())
+            except Exception:
+                log.warning("nbcoord: panel update failed", exc_info=True)
+
+
+class TraitSender:
+    """Sets a widget's traits that changed since they were last sent; thread-safe (one lock for every send)."""
+
+    def __init__(self, widget: Any, initial: Mapping[str, Any]) -> None:
+        self.widget = widget
+        self._lock = threading.Lock()  # guards the widget's sends and the three dicts below
+        self.sent: dict[str, Any] = dict(initial)
+        self.sizes: dict[str, int] = {key: len(to_json(value)) for key, value in initial.items()}
+        self._sent_at: dict[str, float] = {}
+        #: Traits a tick held back (too big to send again so soon): key -> (value, its size, when it may go out).
+        self._held: dict[str, tuple[Any, int, float]] = {}
+
+    @property
+    def sent_at(self) -> dict[str, float]:
+        """When each trait was last sent (a copy)."""
+        with self._lock:
+            return dict(self._sent_at)
+
+    def send(self, state: Mapping[str, Any], now: float, interval: float, force: set[str] | frozenset[str]) -> None:
+        """Send the traits of ``state`` that changed (those in ``force`` whatever they are), in one message.
+
+        A trait of ``size`` bytes is sent at most every ``interval * size / BYTES_PER_INTERVAL`` seconds.
+        """
+        with self._lock:
+            changed: dict[str, tuple[Any, int]] = {}
+            held: dict[str, float] = {}  # key -> when it may go out
+            sizes: dict[str, int] = {}
+            for key, value in state.items():
+                self._held.pop(key, None)  # this state is newer than what was held
+                if key not in force and key in self.sent and value == self.sent[key]:
+                    continue
+                size = sizes[key] = len(to_json(value))
+                gap = interval * size / BYTES_PER_INTERVAL  # small traits: no wait; 640 KB: 10 intervals
+                due = self._sent_at.get(key, -math.inf) + gap
+                if key not in force and now < due:
+                    held[key] = due  # a big trait that changes all the time: sent less often
+                    continue
+                changed[key] = (value, size)
+            for together in TOGETHER:
+                if held.keys() & together:
+                    due = max(held[key] for key in held.keys() & together)
+                    for key in together - set(force):
+                        if key in held or key in changed:
+                            held[key] = due
+                            changed.pop(key, None)
+            self._held.update((key, (state[key], sizes[key], due)) for key, due in held.items())
+            self._set(changed, now)
+
+    def held_due(self) -> float | None:
+        """When the next held trait may go out (``now``'s clock), or None if none is held."""
+        with self._lock:
+            return min((due for _, _, due in self._held.values()), default=None)
+
+    def send_held(self, now: float) -> None:
+        """Send the held traits that are due, as the tick that held them built them, in one message."""
+        with self._lock:
+            due = {key: (value, size) for key, (value, size, at) in self._held.items() if at <= now}
+            for key in due:
+                del self._held[key]
+            self._set(due, now)
+
+    def _set(self, changed: Mapping[str, tuple[Any, int]], now: float) -> None:
+        """Set ``changed`` (key -> value and its size) on the widget in one message (under ``_lock``)."""
+        if not changed or getattr(self.widget, "comm", None) is None:
+            return
+        with self.widget.hold_sync():
+            for key, (value, size) in changed.items():
+                setattr(self.widget, key, value)
+                self.sent[key] = value
+                self.sizes[key] = size
+                self._sent_at[key] = now
+
+    def send_now(self, key: str, value: Any, now: float) -> None:
+        """Send one small trait at once (a click's acknowledgement), whatever the sender thread is doing."""
+        self.send({key: value}, now, 0.0, frozenset({key}))

@@ -1,0 +1,126 @@
+"""The panel's widget: an AnyWidget whose traits are the state, set by the kernel only.
+
+Traits are the state; custom messages are only for commands (a click). The front end cannot write the state
+(:meth:`NBCoordPanel.set_state` refuses it). Without a widget front end (nbconvert, a terminal) the widget shows
+as the ``%nbcoord`` text report.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Final
+
+import anywidget
+import traitlets
+
+from nbcoord.core.log import RateLimited, short
+
+log = logging.getLogger("nbcoord")
+#: A front end can send state updates as fast as it likes: a few lines a minute, keys cut short.
+_log_refused_state = RateLimited(logging.WARNING, burst=5, window=60.0)
+
+#: Every synced trait but ``_esm`` and ``_fast_route``: what the front end listens to.
+STATE_TRAITS: Final = (
+    "header",
+    "threads",
+    "ledger",
+    "groups",
+    "cells",
+    "cell_memory",
+    "sessions",
+    "queues",
+    "blocked",
+    "resources",
+    "failures",
+    "history",
+    "last_stop",
+    "outcome",
+    "stack",
+    "clock",
+    "beat",
+    "ack",
+)
+
+
+def esm_path() -> Path:
+    """The panel's ES module: inside the wheel at ``nbcoord/static``, in a checkout at ``js/``."""
+    packaged = Path(__file__).parent.parent / "static" / "panel.js"
+    if packaged.is_file():
+        return packaged
+    return Path(__file__).resolve().parent.parent.parent / "js" / "panel.js"
+
+
+def _read_esm() -> str:
+    # The text, not the Path: given a Path, anywidget may start a file-watching thread in a checkout.
+    try:
+        return esm_path().read_text(encoding="utf-8")
+    except OSError:
+        log.warning("nbcoord: the panel's module is missing at %s", esm_path(), exc_info=True)
+        return "export default { render({ el }) { el.textContent = 'nbcoord: panel module missing'; } };"
+
+
+def _list() -> Any:
+    return traitlets.List().tag(sync=True)
+
+
+def _dict(allow_none: bool = False) -> Any:
+    if allow_none:
+        return traitlets.Dict(allow_none=True, default_value=None).tag(sync=True)
+    return traitlets.Dict().tag(sync=True)
+
+
+class NBCoordPanel(anywidget.AnyWidget):
+    """The panel widget. Its state is set by the panel's sender thread only; the front end cannot write it."""
+
+    _esm = _read_esm()
+
+    header = _dict()
+    threads = _list()
+    ledger = _list()
+    groups = _list()
+    cells = _list()
+    cell_memory = _list()
+    sessions = _list()
+    queues = _list()
+    blocked = _list()
+    resources = _dict(allow_none=True)
+    failures = _list()
+    history = _dict()
+    last_stop = _dict(allow_none=True)
+    #: The last restart or reclaim: its kind, the clicks it answered, its text.
+    outcome = _dict(allow_none=True)
+    stack = _dict(allow_none=True)
+    clock = _dict(allow_none=True)
+    beat = _dict(allow_none=True)
+    #: The clicks the kernel has taken (sent at once, before the action runs): a click without one within a
+    #: second was not handled, and the view says why.
+    ack = _dict(allow_none=True)
+    _fast_route = _dict()
+
+    def __init__(self, text_form: Callable[[], str], on_display: Callable[[], None], **state: Any) -> None:
+        self._text_form = text_form
+        self._on_display = on_display
+        super().__init__(**state)
+
+    def set_state(self, sync_data: Any) -> None:
+        """Refuse state from the front end: the panel's state is the kernel's to set."""
+        keys = [short(key) for key in sorted(map(str, sync_data))[:5]] if isinstance(sync_data, Mapping) else []
+        _log_refused_state("nbcoord: panel rejected a state update from the front end (keys %s)", ", ".join(keys))
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        bundle = super()._repr_mimebundle_(**kwargs)
+        if bundle is None:
+            return None
+        data, metadata = bundle
+        try:
+            text = self._text_form()
+        except Exception:
+            log.warning("nbcoord: the panel's text form failed", exc_info=True)
+            text = "nbcoord panel (the text report failed; see the kernel log)"
+        try:
+            self._on_display()
+        except Exception:
+            log.warning("nbcoord: panel display hook failed", exc_info=True)
+        return {**data, "text/plain": text}, metadata

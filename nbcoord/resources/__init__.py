@@ -1,0 +1,1 @@
+"""Resources: probes (psutil, NVML, /proc), the per-cell memory ledger, reclaim."""

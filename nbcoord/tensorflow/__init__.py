@@ -1,0 +1,1 @@
+"""TensorFlow: graph and eager objects, runs, stopping, health and explanations."""
