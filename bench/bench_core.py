@@ -224,18 +224,18 @@ def bench_cell_hooks(shell: Any) -> None:
         try:
             for n in (10, 100, 1000):
                 shell.run_cell("pass", store_history=False)  # a cell running: the threads are attributed to it
-                ext._pre_run_cell(SimpleNamespace(raw_cell="start()", store_history=False, cell_id=None))
+                ext.cells.pre_run_cell(SimpleNamespace(raw_cell="start()", store_history=False, cell_id=None))
                 idle.grow_to(n)
-                ext._post_run_cell(SimpleNamespace(error_in_exec=None, error_before_exec=None, execution_count=0))
+                ext.cells.post_run_cell(SimpleNamespace(error_in_exec=None, error_before_exec=None, execution_count=0))
 
                 def cell(result: Any) -> None:
-                    ext._pre_run_cell(info)
-                    ext._post_run_cell(result)
+                    ext.cells.pre_run_cell(info)
+                    ext.cells.post_run_cell(result)
 
                 ok_cost = median_time(lambda: cell(ok_result), reps=3000)
                 failed_cost = median_time(lambda: cell(failed), reps=500)
                 print(
-                    f"   {len(ext.registry.records()):>8} {ok_cost * 1e6:>11.1f} {ok_cost / baseline:>7.3f}"
+                    f"   {len(ext.host.registry.records()):>8} {ok_cost * 1e6:>11.1f} {ok_cost / baseline:>7.3f}"
                     f" {failed_cost * 1e6:>15.1f} {failed_cost / baseline:>7.3f}"
                 )
                 figures.append((n, "ok", ok_cost))
@@ -269,12 +269,12 @@ def bench_snapshot(ext: Any) -> None:
     shell = ext.shell
     for _ in range(10_000):
         shell.execution_count += 1
-        ext._pre_run_cell(SimpleNamespace(raw_cell="x = 1", store_history=False, cell_id=None))
-        ext._post_run_cell(
+        ext.cells.pre_run_cell(SimpleNamespace(raw_cell="x = 1", store_history=False, cell_id=None))
+        ext.cells.post_run_cell(
             SimpleNamespace(error_in_exec=None, error_before_exec=None, execution_count=shell.execution_count)
         )
-    kept = len(ext.registry.cells())
-    live = len(ext.registry.records())
+    kept = len(ext.host.registry.cells())
+    live = len(ext.host.registry.records())
     baseline = median_time(lambda: (threading.enumerate(), sys._current_frames()), reps=500)
     api = [0.0]
     nbcoord.snapshot()  # the probe's first, full read outside the timing
@@ -287,7 +287,7 @@ def bench_snapshot(ext: Any) -> None:
     p90 = statistics.quantiles(times, n=10)[-1]
     from nbcoord.core.snapshot import SnapshotBuilder
 
-    bare = SnapshotBuilder(ext.registry, lambda: ext.config.grace_period)  # threads and cells only, no sources
+    bare = SnapshotBuilder(ext.host.registry, lambda: ext.config.grace_period)  # threads and cells only, no sources
     threads_only = median_time(bare.build, reps=300)
     print()
     print(f"3. nbcoord.snapshot() without stacks, {live} live threads, after 10,000 executed cells ({kept} kept)")
@@ -343,11 +343,11 @@ def bench_stop(shell: Any) -> None:
             go = threading.Event()
             threads = [threading.Thread(target=cooperative_nbcoord, args=(go,), daemon=True) for _ in range(100)]
             # Started in a cell, as a user's threads are (nbcoord stops no others).
-            cell = ext.registry.cell_started(shell.execution_count, None, "start_workers()")
+            cell = ext.host.registry.cell_started(shell.execution_count, None, "start_workers()")
             for thread in threads:
                 thread.start()
-            ext.registry.cell_finished(cell.execution_count, "ok")
-            mine = [r for r in ext.registry.records() if r.thread in threads]  # registers all of them
+            ext.host.registry.cell_finished(cell.execution_count, "ok")
+            mine = [r for r in ext.host.registry.records() if r.thread in threads]  # registers all of them
             assert len(mine) == 100, len(mine)
             go.set()
             # every thread is waiting in wait_for_stop on its own flag before the stop starts

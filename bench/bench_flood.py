@@ -42,7 +42,7 @@ WITH_NBCOORD = """
 import json, nbcoord
 from nbcoord.panel import panel as _panel
 target = nbcoord.panel()
-controller = _panel.controller_for(nbcoord._extension)
+controller = nbcoord._extension.panel_controller()
 print(json.dumps({"comm_id": target.comm.comm_id, "route": target._fast_route["kind"]}))
 """
 # The stops the clicks ran, once the last has ended (each takes its whole grace period).

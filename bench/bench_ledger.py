@@ -71,7 +71,7 @@ def get_shell() -> Any:
 def loaded(shell: Any) -> Iterator[Any]:
     shell.run_line_magic("load_ext", "nbcoord")
     if ledger_module.current() is None:  # until nbcoord/_wiring.py installs the ledger itself
-        nbcoord._extension.add_undo(ledger_module.watch(nbcoord._extension))
+        nbcoord._extension.host.add_undo(ledger_module.watch(nbcoord._extension.host, nbcoord._extension.probe))
     try:
         yield nbcoord._extension
     finally:
@@ -254,9 +254,9 @@ def _wait_for_workers(n: int, timeout: float = 60.0) -> None:
 def _spare_helpers(extension: Any) -> Callable[[], None]:
     """The proposed core change, where the extension does not have it yet: the stop's signals leave the kernel-wide
     helper processes alone (its child finder is wrapped on the instance). Returns the undo."""
-    if hasattr(extension, "add_spared_children"):
+    if hasattr(extension.host, "add_spared_children"):
         return lambda: None
-    stopper = extension.stopper
+    stopper = extension.host.stopper
     original = stopper._find_children
 
     def find(kind: Any, cell: Any) -> list[psutil.Process]:
@@ -276,9 +276,9 @@ def bench_stop_pools(shell: Any) -> None:
     print(f"3. stop_all(cell=N) on pools with four workers busy in a {BUSY_S:g} s call")
     print(f"   {'pool':<36} {'nbcoord':>9} {'left':>5}   {'by hand':>9} {'left':>5}   how")
     cases = [(name, name, False) for name in POOLS]
-    from nbcoord._wiring import Extension
+    from nbcoord.core.host import Host
 
-    if not hasattr(Extension, "add_spared_children"):
+    if not hasattr(Host, "add_spared_children"):
         # Without the proposed core change, loky's resource trackers (which ignore SIGTERM) hold the stop's signal
         # phase until its deadline: measured both ways.
         cases.insert(3, ("loky executor", "loky executor, helpers spared (proposed core change)", True))
@@ -344,7 +344,7 @@ SHUTDOWN_LEAKS: dict[str, tuple[str, str | None]] = {
 }
 LOAD = (
     "%load_ext nbcoord\nimport nbcoord\nfrom nbcoord.ledger import ledger as _ledger\n"
-    "if _ledger.current() is None:\n    nbcoord._extension.add_undo(_ledger.watch(nbcoord._extension))"
+    "if _ledger.current() is None:\n    _x = nbcoord._extension\n    _x.host.add_undo(_ledger.watch(_x.host, _x.probe))"
 )
 
 

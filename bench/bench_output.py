@@ -50,7 +50,7 @@ _ext = nbcoord._extension
 _router = getattr(_ext, "output", None)
 if _router is None:  # before the wiring
     _router = _output.install(_ext)
-    _ext.add_undo(_router.uninstall)
+    _ext.host.add_undo(_router.uninstall)
 def set_routing(on):
     if _ext.config.has_trait("route_output"):
         _ext.config.route_output = on
@@ -163,18 +163,18 @@ def bench_cell_hooks(reps: int) -> None:
     threads: list[threading.Thread] = []
     try:
         shell.run_cell("pass", store_history=False)
-        ext._pre_run_cell(SimpleNamespace(raw_cell="start()", store_history=False, cell_id=None))
+        ext.cells.pre_run_cell(SimpleNamespace(raw_cell="start()", store_history=False, cell_id=None))
         for _ in range(1000):
             thread = threading.Thread(target=release.wait, daemon=True)
             thread.start()
             threads.append(thread)
-        ext._post_run_cell(SimpleNamespace(error_in_exec=None, error_before_exec=None, execution_count=0))
+        ext.cells.post_run_cell(SimpleNamespace(error_in_exec=None, error_before_exec=None, execution_count=0))
         info = SimpleNamespace(raw_cell="x = 1", store_history=True, cell_id="bench-cell", silent=False)
         ok = SimpleNamespace(error_in_exec=None, error_before_exec=None, execution_count=shell.execution_count)
 
         def cell() -> None:
-            ext._pre_run_cell(info)
-            ext._post_run_cell(ok)
+            ext.cells.pre_run_cell(info)
+            ext.cells.post_run_cell(ok)
 
         core = median_time(cell, reps)
         ledger = getattr(ext, "memory", None) or _memory.install(ext)
@@ -186,14 +186,14 @@ def bench_cell_hooks(reps: int) -> None:
             router = _output.OutputRouter(ext)
             router._active = True
             router._shell = SimpleNamespace(parent_header={"header": {"msg_id": "bench"}})
-            remove_listener = ext.add_cell_listener("output", router._on_cell)
-        ext.monitor.tick()  # a probe sample for the ledger to read
+            remove_listener = ext.host.add_cell_listener("output", router._on_cell)
+        ext.host.monitor.tick()  # a probe sample for the ledger to read
         with_ledger = median_time(cell, reps)
         if remove_listener is not None:
             remove_listener()
         if getattr(ext, "memory", None) is None:
             ledger.uninstall()
-        live = len(ext.registry.records())
+        live = len(ext.host.registry.records())
     finally:
         release.set()
         for thread in threads:
@@ -239,7 +239,7 @@ def bench_reclaim() -> None:
             kernel.run("pass")
             report = kernel.value(
                 "{k: v for k, v in (getattr(nbcoord, 'reclaim', None) or "
-                "(lambda outputs: _reclaim.reclaim(nbcoord._extension, outputs=outputs)))(outputs=True).items() "
+                "nbcoord._extension.reclaim)(outputs=True).items() "
                 "if k in ('rss_freed', 'took_s', 'dropped')}"
             )
         finally:

@@ -60,7 +60,7 @@ def workers(n, prefix):
         t.start()
     return out
 p = nbcoord.panel()
-controller = _panel.controller_for(nbcoord._extension)
+controller = nbcoord._extension.panel_controller()
 print(json.dumps({"comm_id": p.comm.comm_id, "route": controller.route.kind, "ipykernel": ipykernel.__version__}))
 """
 

@@ -43,7 +43,7 @@ from nbcoord.resources import memory as _memory
 from nbcoord.resources import reclaim as _reclaim
 _ext = nbcoord._extension
 if getattr(_ext, "memory", None) is None:  # before the wiring: install the ledger here
-    _ext.add_undo(_memory.install(_ext).uninstall)
+    _ext.host.add_undo(_memory.install(_ext).uninstall)
 DEVICE = torch.device("cuda", {device})
 torch.zeros(1, device=DEVICE)  # the CUDA context: from here on, what nbcoord reads is ours
 def reclaim(outputs=False):

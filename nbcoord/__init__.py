@@ -33,11 +33,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nbcoord.core.snapshot import Snapshot
 from nbcoord.core.stop import StopReport, ThreadStopped
+from nbcoord.core.version import __version__ as __version__
 from nbcoord.resources.reclaim import ReclaimReport
+
+if TYPE_CHECKING:
+    from nbcoord._wiring import Extension
 
 __all__ = [
     "NBCoordWarning",
@@ -57,19 +61,17 @@ __all__ = [
     "wait_for_stop",
 ]
 
-__version__ = "0.1.0"
-
 log = logging.getLogger("nbcoord")
 
 #: The loaded extension, if any. One per process: an IPython kernel has one shell.
-_extension: Any = None
+_extension: Extension | None = None
 
 
 class NBCoordWarning(UserWarning):
     """Warnings nbcoord itself raises (the test suite turns them into errors)."""
 
 
-def _require() -> Any:
+def _require() -> Extension:
     if _extension is None:
         raise RuntimeError("nbcoord is not loaded; run %load_ext nbcoord first.")
     from nbcoord.core.fork import ensure_owner
@@ -118,7 +120,7 @@ def snapshot(*, stacks: bool = False) -> Snapshot:
     """
     from nbcoord.core.checks import flag
 
-    return _require().snapshot(stacks=flag("stacks", stacks))  # type: ignore[no-any-return]
+    return _require().snapshot(stacks=flag("stacks", stacks))
 
 
 def stop_all(
@@ -156,7 +158,7 @@ def stop_all(
     from nbcoord.core.checks import stop_scope
 
     kind, cell, tid = stop_scope(cell=cell, thread=thread, zombies=zombies)
-    return _require().stop(kind, grace=grace, force=force, cell=cell, tid=tid)  # type: ignore[no-any-return]
+    return _require().stop(kind, grace=grace, force=force, cell=cell, tid=tid)
 
 
 def should_stop() -> bool:
@@ -166,7 +168,7 @@ def should_stop() -> bool:
         return False
     from nbcoord.core.fork import in_owner
 
-    return in_owner() and bool(_extension.should_stop())
+    return in_owner() and bool(_extension.host.should_stop())
 
 
 def wait_for_stop(timeout: float | None = None) -> bool:
@@ -179,7 +181,7 @@ def wait_for_stop(timeout: float | None = None) -> bool:
     TypeError, ValueError
         ``timeout`` is not a finite number of seconds >= 0.
     """
-    return bool(_require().wait_for_stop(timeout))
+    return bool(_require().host.wait_for_stop(timeout))
 
 
 def on_stop(callback: Callable[[], None]) -> Callable[[], None]:
@@ -192,7 +194,7 @@ def on_stop(callback: Callable[[], None]) -> Callable[[], None]:
     TypeError
         ``callback`` cannot be called.
     """
-    return _require().on_stop(callback)  # type: ignore[no-any-return]
+    return _require().host.on_stop(callback)
 
 
 def restart_runners(session: Any, *, grace: float | None = None) -> dict[str, Any]:
@@ -213,17 +215,7 @@ def restart_runners(session: Any, *, grace: float | None = None) -> dict[str, An
     RuntimeError
         nbcoord is not loaded, or TensorFlow is not imported.
     """
-    extension = _require()
-    from nbcoord.core.checks import optional_seconds
-    from nbcoord.tensorflow.integration import current
-
-    grace = optional_seconds("grace", grace)
-    integration = current()
-    if integration is None or not integration.active:
-        raise RuntimeError("TensorFlow is not imported: there is no session to restart.")
-    report: dict[str, Any] = dict(integration.restart_runners(session, grace=grace))
-    extension.snapshots.last_restart = report
-    return report
+    return _require().restart_runners(session, grace=grace)
 
 
 def panel() -> Any:
@@ -252,4 +244,4 @@ def reclaim(*, outputs: bool = False) -> ReclaimReport:
     RuntimeError
         nbcoord is not loaded, this is a forked child, or the call is not on the kernel's main thread.
     """
-    return _require().reclaim(outputs=outputs)  # type: ignore[no-any-return]
+    return _require().reclaim(outputs=outputs)

@@ -1,8 +1,8 @@
-"""``%nbcoord``: a thin Magics class around the extension. It parses, calls, and prints."""
+"""``%nbcoord``: a thin Magics class over the engine. It parses, calls, and prints."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
@@ -10,9 +10,10 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from traitlets import TraitError
 
 from nbcoord import report as _report
-from nbcoord._wiring import Extension
 from nbcoord.core.checks import stop_scope
-from nbcoord.core.config import RUNTIME_SETTINGS
+from nbcoord.core.config import RUNTIME_SETTINGS, NBCoord
+from nbcoord.core.snapshot import Snapshot
+from nbcoord.core.stop import ScopeKind, StopReport
 from nbcoord.core.text import printable
 
 COMMANDS = ("report", "threads", "zombies", "json", "stop", "config", "mem", "panel", "restart", "reclaim")
@@ -43,11 +44,28 @@ def _say(text: str) -> None:
     print(printable(text, keep="\n"))
 
 
+class Engine(Protocol):
+    """What the magics call: the loaded extension's entry points (:class:`nbcoord._wiring.Extension`)."""
+
+    @property
+    def config(self) -> NBCoord: ...
+    def snapshot(self, *, stacks: bool = False) -> Snapshot: ...
+    def stop(
+        self, kind: ScopeKind = "all", *, grace: float | None = None, force: bool = False, cell: int | None = None,
+        tid: str | None = None,
+    ) -> StopReport: ...
+    def degraded(self) -> dict[str, str]: ...
+    def fresh_resources(self) -> None: ...
+    def reclaim(self, *, outputs: bool = False) -> Any: ...
+    def restart_runners(self, session: Any, *, grace: float | None = None) -> dict[str, Any]: ...
+    def panel(self) -> Any: ...
+
+
 @magics_class
 class NBCoordMagics(Magics):
     """The ``%nbcoord`` line magic."""
 
-    def __init__(self, shell: Any, extension: Extension) -> None:
+    def __init__(self, shell: Any, extension: Engine) -> None:
         super().__init__(shell)
         self.extension = extension
 
@@ -158,7 +176,7 @@ class NBCoordMagics(Magics):
             print(f"{name} = {getattr(config, name)!r}")
 
     def _cmd_mem(self, args: Any) -> None:
-        self.extension.probe.invalidate()  # a fresh read: what started a moment ago is counted
+        self.extension.fresh_resources()  # what started a moment ago is counted
         snapshot = self.extension.snapshot()
         lines = _report.resources_section(snapshot, details=True) or ["nbcoord: no resource data."]
         _say("\n".join(lines))
@@ -166,10 +184,8 @@ class NBCoordMagics(Magics):
     def _cmd_restart(self, args: Any) -> None:
         if len(args.settings) != 1:
             raise UsageError("Name one session: %nbcoord restart s1 (%nbcoord lists the sessions with stuck runners).")
-        import nbcoord
-
         try:
-            report = nbcoord.restart_runners(args.settings[0], grace=args.grace)
+            report = self.extension.restart_runners(args.settings[0], grace=args.grace)
         except (ValueError, TypeError, RuntimeError) as exc:
             raise UsageError(str(exc)) from None
         _say(report["text"])

@@ -46,7 +46,7 @@ def workers(prefix, n=3):
         t.start()
     return threads
 p = nbcoord.panel()
-controller = _panel.controller_for(nbcoord._extension)
+controller = nbcoord._extension.panel_controller()
 p
 """
 

@@ -80,7 +80,7 @@ print("not reached")"""
 # Holds the GIL in one C call: no Python thread (the panel's sender included) runs meanwhile. Long enough for
 # the front end to miss three beats at the interval the sender announces, and more.
 NATIVE = """from nbcoord.panel import panel as _panel
-_hold = 3 * _panel.controller_for(nbcoord._extension)._wait() + 4
+_hold = 3 * nbcoord._extension.panel_controller()._wait() + 4
 def _took(n):
     t = time.perf_counter(); sum(range(n)); return time.perf_counter() - t
 _n = int(10**6 * _hold / min(_took(10**6) for _ in range(3)))

@@ -421,7 +421,7 @@ def test_bad_api_arguments_raise_before_anything_runs(loaded: Any, call: str, er
     import nbcoord as api
 
     stops: list[Any] = []
-    extension().stopper.on_report = stops.append
+    extension().host.stopper.on_report = stops.append
     with pytest.raises(error) as caught:
         eval(call, {"nbcoord": api})
     assert str(caught.value).startswith(message), str(caught.value)
@@ -512,7 +512,7 @@ def _boom(*_args: Any, **_kwargs: Any) -> Any:
 def test_a_failing_cell_hook_never_breaks_the_cell(
     loaded: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, method: str, logged: str
 ) -> None:
-    monkeypatch.setattr(extension().registry, method, _boom)
+    monkeypatch.setattr(extension().host.registry, method, _boom)
     with caplog.at_level(logging.WARNING, logger="nbcoord"):
         cell = run(loaded, "answer = 41 + 1\nprint(answer)")
     assert cell.result.success and cell.stdout == "42\n"
@@ -622,14 +622,14 @@ def test_a_forked_child_is_inert(loaded: Any) -> None:
                 results["stop_all"] = "returned"
             except RuntimeError as exc:
                 results["stop_all"] = str(exc)
-            pending = nbcoord._extension.registry._pending
+            pending = nbcoord._extension.host.registry._pending
             queued = len(pending)  # what the parent had queued at the fork
             worker = child_threading.Thread(target=lambda: None)
             worker.start()
             worker.join()
             results["registered"] = len(pending) - queued
             results["sigterm_is_previous"] = signal.getsignal(signal.SIGTERM) == previous_sigterm
-            results["report"] = nbcoord._extension.stopper.stop("all", grace=0.1)["stopper_errors"]
+            results["report"] = nbcoord._extension.host.stopper.stop("all", grace=0.1)["stopper_errors"]
             os.write(write_fd, json.dumps(results).encode())
         finally:
             os._exit(0)
@@ -647,7 +647,7 @@ def test_a_forked_child_is_inert(loaded: Any) -> None:
 def test_a_failing_thread_registration_never_breaks_the_thread(
     loaded: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(extension().registry, "note_started", _boom)
+    monkeypatch.setattr(extension().host.registry, "note_started", _boom)
     with caplog.at_level(logging.WARNING, logger="nbcoord"):
         cell = run(
             loaded,
@@ -720,12 +720,12 @@ def test_a_finished_thread_and_what_its_frame_held_are_freed_at_once(
 ) -> None:
     if with_nbcoord:
         ok(shell, "%load_ext nbcoord")
-        extension().monitor.stop()  # the test takes the monitor's samples itself, at the worst moment
+        extension().host.monitor.stop()  # the test takes the monitor's samples itself, at the worst moment
     ok(shell, LIFETIME_CELL)
     refs = shell.user_ns["refs"]
     wait_until(lambda: "held" in refs, 10, what="the thread's local")
     if with_nbcoord:
-        extension().monitor.tick()  # the activity sample reads every thread's frame while the thread waits
+        extension().host.monitor.tick()  # the activity sample reads every thread's frame while the thread waits
         nbcoord.snapshot(stacks=True)
         magic(shell, "threads --stacks")
     ok(shell, "go.set(); t.join(); del t")
@@ -736,7 +736,7 @@ def test_a_finished_thread_and_what_its_frame_held_are_freed_at_once(
 def test_a_thread_that_ends_before_it_is_registered_is_freed_and_its_children_keep_their_cell(
     loaded: Any, no_collector: None
 ) -> None:
-    extension().monitor.stop()  # no read of the registry between the start and the end but the test's own
+    extension().host.monitor.stop()  # no read of the registry between the start and the end but the test's own
     cell = ok(
         loaded,
         "import threading, weakref\n"
@@ -848,7 +848,7 @@ def test_should_stop_and_wait_for_stop_in_threads(loaded: Any) -> None:
 
 def test_wait_for_stop_at_a_threads_first_instruction(loaded: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     # Seen without help about 1 start in 300 here; a late parent (descheduled right after start) makes it certain.
-    registry = extension().registry
+    registry = extension().host.registry
     note_started = registry.note_started
 
     def late(*args: Any, **kwargs: Any) -> None:

@@ -30,7 +30,7 @@ LOAD = """
 import nbcoord
 from nbcoord.ledger import ledger as _ledger
 if _ledger.current() is None:
-    nbcoord._extension.add_undo(_ledger.watch(nbcoord._extension))
+    nbcoord._extension.host.add_undo(_ledger.watch(nbcoord._extension.host, nbcoord._extension.probe))
 """
 
 SETUP = """

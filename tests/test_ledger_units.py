@@ -260,7 +260,7 @@ def shell() -> Iterator[Any]:
     assert nbcoord._extension is None
     ip.run_line_magic("load_ext", "nbcoord")
     if ledger_module.current() is None:  # until nbcoord/_wiring.py installs it itself
-        nbcoord._extension.add_undo(ledger_module.watch(nbcoord._extension))
+        nbcoord._extension.host.add_undo(ledger_module.watch(nbcoord._extension.host, nbcoord._extension.probe))
     try:
         yield ip
     finally:
@@ -290,7 +290,7 @@ def test_unload_puts_back_exactly_what_it_changed(shell: Any) -> None:
     finally:
         shell.run_line_magic("load_ext", "nbcoord")
         if ledger_module.current() is None:
-            nbcoord._extension.add_undo(ledger_module.watch(nbcoord._extension))
+            nbcoord._extension.host.add_undo(ledger_module.watch(nbcoord._extension.host, nbcoord._extension.probe))
 
 
 def test_a_thread_pool_and_a_threads_loop_are_their_cells(shell: Any) -> None:

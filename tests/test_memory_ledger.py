@@ -39,7 +39,7 @@ _ext = nbcoord._extension
 _ledger = getattr(_ext, "memory", None)
 if _ledger is None:  # before the wiring: install it here, removed by %unload_ext like the rest
     _ledger = _memory.install(_ext)
-    _ext.add_undo(_ledger.uninstall)
+    _ext.host.add_undo(_ledger.uninstall)
 %nbcoord config monitor_interval=0.1
 def gpu(delta):
     fake_nvml.devices[0].processes[0].usedGpuMemory += delta
@@ -207,9 +207,9 @@ def test_unload_removes_the_ledger(kernel: Kernel) -> None:
 %unload_ext nbcoord
 print(json.dumps([
     _ledger._active,
-    "memory" in dict(_ext._cell_listeners.items()),
-    "memory" in dict(_ext.monitor._tasks.items()),
-    "cell_memory" in dict(_ext.snapshots._sources.items()),
+    "memory" in dict(_ext.host._cell_listeners.items()),
+    "memory" in dict(_ext.host.monitor._tasks.items()),
+    "cell_memory" in dict(_ext.host.snapshots._sources.items()),
 ]))
 %load_ext nbcoord""")
     assert result.stdout.strip().splitlines()[-1] == "[false, false, false, false]"

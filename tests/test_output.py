@@ -48,7 +48,7 @@ _ext = nbcoord._extension
 _router = getattr(_ext, "output", None)
 if _router is None:  # before the wiring: install it here, removed by %unload_ext like the rest
     _router = _output.install(_ext)
-    _ext.add_undo(_router.uninstall)
+    _ext.host.add_undo(_router.uninstall)
 def set_routing(on):
     if _ext.config.has_trait("route_output"):
         _ext.config.route_output = on
@@ -239,7 +239,7 @@ done = threading.Event()
 def late_newline():
     sys.stdout.write("text while its cell runs")
     sys.stdout.flush()
-    while _ext.registry.current_cell() is not None:  # until the cell has ended, before any other request
+    while _ext.host.registry.current_cell() is not None:  # until the cell has ended, before any other request
         time.sleep(0.001)
     sys.stdout.write("\\n")
     sys.stdout.flush()

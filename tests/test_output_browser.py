@@ -106,7 +106,7 @@ import threading, time, warnings, nbcoord
 from nbcoord.kernel import output as _output
 _ext = nbcoord._extension
 if getattr(_ext, "output", None) is None:  # before the wiring: install the route here
-    _ext.add_undo(_output.install(_ext).uninstall)
+    _ext.host.add_undo(_output.install(_ext).uninstall)
 go = threading.Event()
 def background():
     go.wait(120)

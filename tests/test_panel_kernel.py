@@ -861,8 +861,8 @@ def in_process() -> Iterator[Any]:
 
 
 def test_the_same_state_is_sent_once(in_process: Any) -> None:
-    controller = _panel.controller_for(in_process)
-    assert _panel.panel_for(in_process) is controller.widget  # one panel per kernel
+    controller = in_process.panel_controller()
+    assert in_process.panel() is controller.widget  # one panel per kernel
     controller.stop_sender()
 
     def two_ticks_with_nothing_changed() -> tuple[dict[str, float], dict[str, float]] | None:
@@ -921,12 +921,12 @@ def test_a_panel_that_cannot_be_made_leaves_no_route_behind(in_process: Any, mon
     monkeypatch.setattr(_fastcomm, "install", recording_install)
     monkeypatch.setattr(_panel, "NBCoordPanel", broken)
     with pytest.raises(RuntimeError, match="could not be made"):
-        _panel.controller_for(in_process)
+        in_process.panel_controller()
     assert made[1:] == ["uninstalled"], made
 
 
 def test_a_click_is_acknowledged_before_its_action_runs(in_process: Any) -> None:
-    controller = _panel.controller_for(in_process)
+    controller = in_process.panel_controller()
     controller.stop_sender()
     release = threading.Event()
     started = threading.Event()
@@ -948,7 +948,7 @@ def test_a_click_is_acknowledged_before_its_action_runs(in_process: Any) -> None
 
 def test_joined_clicks_are_each_checked_and_acted_on_once(in_process: Any) -> None:
     # What the fast route's worker hands over for clicks joined in its queue: the common command, then their ids.
-    controller = _panel.controller_for(in_process)
+    controller = in_process.panel_controller()
     controller.stop_sender()
     release = threading.Event()
     original = controller._run_action
@@ -984,7 +984,7 @@ def test_joined_clicks_are_each_checked_and_acted_on_once(in_process: Any) -> No
 
 
 def test_reclaim_and_restart_answer_with_an_outcome(in_process: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    controller = _panel.controller_for(in_process)
+    controller = in_process.panel_controller()
     controller.stop_sender()
     if not hasattr(in_process, "reclaim"):  # until the reclaim lands: the panel says it cannot
         controller.handle({"type": "reclaim", "click_id": "rc-1"}, route="ordinary")

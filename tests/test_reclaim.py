@@ -41,7 +41,7 @@ import nbcoord
 from nbcoord.resources import reclaim as _reclaim
 def reclaim(outputs=False):
     report = getattr(nbcoord, "reclaim", None)  # once wired: nbcoord.reclaim(outputs=...)
-    report = report(outputs=outputs) if report else _reclaim.reclaim(nbcoord._extension, outputs=outputs)
+    report = report(outputs=outputs) if report else nbcoord._extension.reclaim(outputs=outputs)
     print(report["text"])
     print("@@" + json.dumps({{k: v for k, v in report.items() if k != "text"}}))
 """
@@ -153,7 +153,7 @@ def test_only_on_the_main_thread(kernel: Kernel) -> None:
 errors = []
 def other():
     try:
-        _reclaim.reclaim(nbcoord._extension)
+        _reclaim.reclaim(nbcoord._extension.host, nbcoord._extension.probe)
     except RuntimeError as exc:
         errors.append(str(exc))
 t = threading.Thread(target=other); t.start(); t.join()

@@ -164,7 +164,7 @@ def test_no_route_where_the_kernel_offers_none() -> None:
     class Shell:
         kernel = None
 
-    extension = SimpleNamespace(shell=Shell())
+    extension = SimpleNamespace(shell=Shell(), degraded_routes={})
     undo = _control.install(extension)
     undo()  # nothing was installed; the undo does nothing
     extension.shell.kernel = SimpleNamespace(control_handlers={}, control_thread=None, session=None)

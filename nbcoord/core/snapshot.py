@@ -11,15 +11,11 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import Any, TypedDict
 
 from nbcoord.core.callbacks import Callbacks
 from nbcoord.core.internals import calling_frame, current_frames
 from nbcoord.core.registry import CellInfo, Registry, ThreadFailure, ThreadRecord
-
-if TYPE_CHECKING:  # their modules import this one
-    from nbcoord.kernel.output import OutputRow
-    from nbcoord.resources.memory import CellMemory
 
 log = logging.getLogger("nbcoord")
 
@@ -111,6 +107,53 @@ class CellMemoryRow(TypedDict):
     gpu_after: int | None
     gpu_peak: int | None
     held: bool  # the growth is still there now
+
+
+class CellGpuRow(TypedDict):
+    """One GPU device's figures for one cell: this process's memory on it (NVML)."""
+
+    index: int
+    before: int | None
+    after: int | None
+    peak: int | None
+    now: int | None
+
+
+class CellMemory(CellMemoryRow):
+    """A ``cell_memory`` row with what the ledger adds to :class:`CellMemoryRow`."""
+
+    started_at: float  # time.time()
+    ended_at: float | None  # None while it runs
+    rss_now: int | None
+    rss_peak_exact: bool  # the peak is the process's own high-water mark (else: the highest sample)
+    rss_held: bool
+    gpu_held: bool
+    gpu_devices: list[CellGpuRow]
+    summary: str  # "cell [7]: +2.1 GiB on GPU 0, still held"
+
+
+class OutputThreadRow(TypedDict):
+    """One thread whose text went to an area."""
+
+    tid: str
+    name: str
+    cell: int | None  # the cell that started it (an earlier run of the area's cell, when that cell ran again)
+    lines: int  # lines it wrote there
+    failed: bool  # its uncaught exception's traceback is there
+
+
+class OutputRow(TypedDict):
+    """One output area: the background output of the threads a cell started, shown under that cell."""
+
+    cell: int  # the run of the cell whose output holds the area (the cell that started the threads, or its rerun)
+    cell_id: str | None  # the front end's id of that cell, when the request carried one (for a link)
+    display_id: str | None  # the area's display id; None until a line could be shown
+    lines: int  # lines routed there since the area was placed in this run
+    shown: int  # lines the area shows now (at most NBCoord.output_lines)
+    hidden: int  # lines written there that it no longer shows
+    threads: list[OutputThreadRow]
+    last_lines: list[str]  # the last few lines, for previews
+    updated_at: float | None  # when the area was last sent (time.time()), None if never
 
 
 class Snapshot(TypedDict):

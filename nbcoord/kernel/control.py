@@ -49,6 +49,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final, cast
 
 from nbcoord.core import fork as _fork
+from nbcoord.core.host import Host
 from nbcoord.core.log import RateLimited, short
 from nbcoord.core.schema import (
     MAX_BLOCKED,
@@ -74,6 +75,7 @@ from nbcoord.core.schema import (
 from nbcoord.core.snapshot import Snapshot
 from nbcoord.core.stop import ScopeKind
 from nbcoord.core.threads import INTERNAL_PREFIX
+from nbcoord.core.version import __version__
 
 __all__ = ["STOP_THREAD_NAME", "ControlRoute", "build_summary", "install"]
 
@@ -104,21 +106,19 @@ def _unavailable(kernel: Any) -> str | None:
     return None
 
 
-def install(extension: Any) -> Callable[[], None]:
-    """Register the ``nbcoord_request`` control handler for ``extension`` (the loaded :class:`Extension`).
+def install(host: Host) -> Callable[[], None]:
+    """Register the ``nbcoord_request`` control handler for ``host``.
 
     Returns the undo: it removes the handler (only if it is still ours) and ends the stop thread. Where the kernel
     offers no route (see the module docstring), nothing is installed and the undo does nothing.
     """
-    kernel = getattr(extension.shell, "kernel", None)
+    kernel = getattr(host.shell, "kernel", None)
     why = _unavailable(kernel)
     if why is not None:
         log.info("nbcoord: the Jupyter server cannot ask this kernel over its control channel: %s", why)
-        routes = getattr(extension, "degraded_routes", None)
-        if isinstance(routes, dict):
-            routes["server requests (control channel)"] = why
+        host.degraded_routes["server requests (control channel)"] = why
         return lambda: None
-    route = ControlRoute(extension, kernel)
+    route = ControlRoute(host, kernel)
     route.install()
     return route.uninstall
 
@@ -126,8 +126,8 @@ def install(extension: Any) -> Callable[[], None]:
 class ControlRoute:
     """The installed handler, its stop thread and its undo; see the module docstring."""
 
-    def __init__(self, extension: Any, kernel: Any) -> None:
-        self._extension = extension
+    def __init__(self, host: Host, kernel: Any) -> None:
+        self._host = host
         self._handlers: dict[str, Any] = kernel.control_handlers
         self._loop: Any = kernel.control_thread.io_loop
         self._session: Any = kernel.session
@@ -190,7 +190,9 @@ class ControlRoute:
         try:
             request = parse_request(content)
             stop = request["stop"]
-            if stop is not None and stop["scope"] == "cell" and self._extension.registry.cell(stop["cell"]) is None:
+            if stop is not None and stop["scope"] == "cell" and (
+                stop["cell"] is None or self._host.registry.cell(stop["cell"]) is None
+            ):
                 raise SchemaError(f"no cell [{stop['cell']}] has run in this kernel since nbcoord was loaded")
         except SchemaError as error:
             _log_rejected("nbcoord: refused a control request (%s): %s", error, short(content))
@@ -216,10 +218,8 @@ class ControlRoute:
                 "unavailable", f"{MAX_WAITING_STOPS} stops are already waiting in this kernel; try again shortly"))
 
     def _summary_reply(self) -> dict[str, Any]:
-        from nbcoord import __version__
-
         try:
-            summary = build_summary(self._extension.snapshot(), __version__)
+            summary = build_summary(self._host.snapshot(), __version__)
         except Exception as error:
             log.warning("nbcoord: the summary for the server failed", exc_info=True)
             return error_reply("failed", f"the snapshot failed: {type(error).__name__}: {error}")
@@ -241,9 +241,9 @@ class ControlRoute:
             stop, stream, idents, parent = job
             try:
                 kind = cast(ScopeKind, stop["scope"])
-                report = self._extension.stop(kind, grace=stop["grace"], force=stop["force"], cell=stop["cell"])
+                report = self._host.stop(kind, grace=stop["grace"], force=stop["force"], cell=stop["cell"])
                 content = ok_reply("stop", "report", report)
-            except (ValueError, TypeError) as error:  # the extension's own checks (a cell it no longer knows)
+            except (ValueError, TypeError) as error:  # the one stop's own checks (a cell it no longer knows)
                 content = error_reply("invalid", str(error))
             except Exception as error:  # the stop itself never raises; this is a bug of ours, said in the reply
                 log.warning("nbcoord: a stop requested by the server failed", exc_info=True)

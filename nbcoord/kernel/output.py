@@ -59,14 +59,15 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import CellType
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any
 
 from nbcoord.core import fork as _fork
 from nbcoord.core.registry import CellInfo, ThreadRecord
+from nbcoord.core.snapshot import OutputRow, OutputThreadRow
 from nbcoord.core.stop import ThreadStopped
 
 if TYPE_CHECKING:
-    from nbcoord._wiring import Extension
+    from nbcoord.core.host import Host
 
 log = logging.getLogger("nbcoord")
 
@@ -86,30 +87,6 @@ MAX_RUNS = 2000
 PREVIEW_LINES = 3
 #: Where the routed text is displayed: the MIME type of the output area.
 MIME = "text/plain"
-
-
-class OutputThreadRow(TypedDict):
-    """One thread whose text went to an area."""
-
-    tid: str
-    name: str
-    cell: int | None  # the cell that started it (an earlier run of the area's cell, when that cell ran again)
-    lines: int  # lines it wrote there
-    failed: bool  # its uncaught exception's traceback is there
-
-
-class OutputRow(TypedDict):
-    """One output area: the background output of the threads a cell started, shown under that cell."""
-
-    cell: int  # the run of the cell whose output holds the area (the cell that started the threads, or its rerun)
-    cell_id: str | None  # the front end's id of that cell, when the request carried one (for a link)
-    display_id: str | None  # the area's display id; None until a line could be shown
-    lines: int  # lines routed there since the area was placed in this run
-    shown: int  # lines the area shows now (at most NBCoord.output_lines)
-    hidden: int  # lines written there that it no longer shows
-    threads: list[OutputThreadRow]
-    last_lines: list[str]  # the last few lines, for previews
-    updated_at: float | None  # when the area was last sent (time.time()), None if never
 
 
 def _join(line: str, over: int, piece: str) -> tuple[str, int]:
@@ -325,11 +302,11 @@ class OutputRouter:
     ``output_lines``. ``uninstall`` removes exactly those, after sending what is left.
     """
 
-    def __init__(self, extension: Extension) -> None:
-        self._extension = extension
-        self._shell = extension.shell
-        self._registry = extension.registry
-        self._config = extension.config
+    def __init__(self, host: Host) -> None:
+        self._host = host
+        self._shell = host.shell
+        self._registry = host.registry
+        self._config = host.config
         # Guards _areas and _runs (read without it on the write path: single dict lookups).
         self._lock = threading.Lock()
         self._areas: dict[str, _Area] = {}
@@ -365,10 +342,10 @@ class OutputRouter:
         reason = self._find_route()
         if reason is not None:
             self.unavailable = reason
-            self._extension.degraded_routes["output routing"] = reason
+            self._host.degraded_routes["output routing"] = reason
 
             def forget() -> None:
-                self._extension.degraded_routes.pop("output routing", None)
+                self._host.degraded_routes.pop("output routing", None)
 
             self._undo.append(forget)
             log.info("nbcoord: background output is not routed: %s", reason)
@@ -376,9 +353,9 @@ class OutputRouter:
         self._enabled = bool(getattr(self._config, "route_output", True))
         self._observe_settings()
         self._remember_loading_cell()
-        self._undo.append(self._extension.add_cell_listener("output", self._on_cell))
-        self._undo.append(self._extension.monitor.add_task("output", self.flush))
-        self._undo.append(self._extension.snapshots.add_source("outputs", self.section))
+        self._undo.append(self._host.add_cell_listener("output", self._on_cell))
+        self._undo.append(self._host.monitor.add_task("output", self.flush))
+        self._undo.append(self._host.snapshots.add_source("outputs", self.section))
         self._undo.append(_fork.on_fork_child(self._forget_in_child))
         self._install_excepthook()
         for name in ("stdout", "stderr"):
@@ -718,9 +695,9 @@ class OutputRouter:
             log.debug(message, exc_info=True)
 
 
-def install(extension: Extension) -> OutputRouter:
-    """Install background-output routing for ``extension``; ``uninstall()`` on the result removes it."""
-    router = OutputRouter(extension)
+def install(host: Host) -> OutputRouter:
+    """Install background-output routing for ``host``; ``uninstall()`` on the result removes it."""
+    router = OutputRouter(host)
     try:
         router.install()
     except BaseException:

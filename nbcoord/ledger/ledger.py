@@ -34,9 +34,11 @@ from typing import Any, Protocol
 import psutil
 
 from nbcoord.core.fork import on_fork_child
+from nbcoord.core.host import Host
 from nbcoord.core.registry import CellInfo
 from nbcoord.core.snapshot import LedgerRow, ZombieReasonRow
 from nbcoord.core.stop import ItemOutcome, StopScope
+from nbcoord.resources.probes import ResourceProbe
 
 log = logging.getLogger("nbcoord")
 
@@ -77,9 +79,11 @@ class Kind(Protocol):
 class Ledger:
     """The kinds of one extension, and their common ground: ids, cells, zombie rules, scopes, roles of processes."""
 
-    def __init__(self, extension: Any) -> None:
-        self.extension = extension
-        self.registry = extension.registry
+    def __init__(self, host: Host, probe: ResourceProbe) -> None:
+        self.host = host
+        #: The resource probe: the process kind reads its last sample (shared with the ``resources`` section).
+        self.probe = probe
+        self.registry = host.registry
         self.kinds: list[Kind] = []
         #: False once uninstalled, or in a forked child: every hook of every kind passes straight through.
         self.active = False
@@ -94,19 +98,18 @@ class Ledger:
     def install(self) -> None:
         from nbcoord.ledger import dataloader, pools, processes, tasks
 
-        ext = self.extension
+        ext = self.host
         self.active = True
         self._undo.append(on_fork_child(self._forget_in_child))
         self._undo.append(ext.add_cell_listener("ledger", self._cell_event))
         self._undo.append(ext.snapshots.add_source("ledger", self._source))
         self._undo.append(ext.stopper.add_stopper("ledger", self._stop))
         self._undo.append(ext.monitor.add_task("ledger", self._tick))
-        keep = getattr(ext, "add_cells_in_use", None)
-        if keep is not None:  # the cells of live items stay known (their zombie rules need them)
-            self._undo.append(keep("ledger", self.cells_in_use))
-        spare = getattr(ext, "add_spared_children", None)
-        if spare is not None:  # the kernel-wide helper processes are no cell's: the stop's signals leave them
-            self._undo.append(spare("ledger", processes.spared_pids))
+        # The cells of live items stay known (their zombie rules need them); the kernel-wide helper processes are
+        # no cell's (the stop's signals leave them); the notice after a failed cell names the items it left.
+        self._undo.append(ext.add_cells_in_use("ledger", self.cells_in_use))
+        self._undo.append(ext.add_spared_children("ledger", processes.spared_pids))
+        self._undo.append(ext.add_leftovers("ledger", self.leftovers))
         # Order matters for rows only: processes last, so that the roles pools and loaders give are known.
         for watch in (tasks.watch, pools.watch, dataloader.watch, processes.watch):
             self._undo.append(watch(self))
@@ -144,14 +147,14 @@ class Ledger:
         return f"{prefix}-{next(self._counters[prefix])}"
 
     def grace(self) -> float:
-        return float(self.extension.config.grace_period)
+        return float(self.host.config.grace_period)
 
     def cell_of_caller(self) -> CellInfo | None:
         """The cell the calling code belongs to (the running cell on the main thread, the cell that started the
         calling thread elsewhere), as the registry's CellInfo (its number can still change while it runs)."""
         me = threading.current_thread()
         if me is threading.main_thread():
-            return self.registry.current_cell()  # type: ignore[no-any-return]
+            return self.registry.current_cell()
         record = self.registry.for_thread(me)
         return record.cell if record is not None else None
 
@@ -234,8 +237,14 @@ class Ledger:
 
     def at_shutdown(self) -> bool:
         """Whether the stop running now is the kernel's shutdown stop."""
-        ran = getattr(getattr(self.extension, "shutdown", None), "ran", False)  # ShutdownHooks.ran, a property
-        return bool(ran() if callable(ran) else ran)
+        return self.host.shutdown_ran()
+
+    def leftovers(self, cell: int) -> list[str]:
+        """The labels of the zombie items cell ``cell`` left (not the process tree)."""
+        if not self.active:
+            return []
+        rows = self.rows(skip=("process",))
+        return [row["label"] for row in rows if row["cell"] == cell and row["zombie"] is not None]
 
     def _stop(self, scope: StopScope) -> list[ItemOutcome] | None:
         """Start every kind's stops, then wait for them together against the stop's deadline; then what must end
@@ -448,10 +457,10 @@ def current() -> Ledger | None:
     return _current
 
 
-def watch(extension: Any) -> Callable[[], None]:
-    """Install the ledger for ``extension``; returns the undo."""
+def watch(host: Host, probe: ResourceProbe) -> Callable[[], None]:
+    """Install the ledger for ``host``; returns the undo."""
     global _current
-    ledger = Ledger(extension)
+    ledger = Ledger(host, probe)
     try:
         ledger.install()
     except BaseException:

@@ -8,7 +8,7 @@ list: 20 ms at 1000 threads), from one pass over ``/proc/*/stat`` (a few millise
 and the monitor (about once a second) read it fresh; the snapshot's rows reuse the last read while it is under
 ``TREE_MAX_AGE_S`` old and names every worker the pool and loader rows beside them name (else they read it fresh): a
 process started by other means within the last second may show up one refresh later, as in the probe's resources
-section. What the resource probe's last read (``extension.probe``, shared with the ``resources`` section) says of a
+section. What the resource probe's last read (``Ledger.probe``, shared with the ``resources`` section) says of a
 process is reused; a process it has not read yet is read here, its cell found as the probe finds it: a direct child
 belongs to the cell whose run holds its start (read to the clock tick from ``/proc``), a deeper one to the cell of
 its ancestor among the kernel's children. Elsewhere the probe's last read is the tree.
@@ -96,7 +96,7 @@ class ProcessLedger:
         return rows
 
     def _read_children(self) -> list[dict[str, Any]]:
-        sample = self.ledger.extension.probe.last_sample
+        sample = self.ledger.probe.last_sample
         known = {child["pid"]: child for child in sample["children"]} if sample is not None else {}
         me = os.getpid()
         tree = _descendants(me) if _PROC_CHILDREN else None
@@ -106,7 +106,7 @@ class ProcessLedger:
         cell_of: dict[int, int | None] = {}
         rows: list[dict[str, Any]] = []
         for pid, ppid in tree:
-            row = dict(known[pid]) if pid in known else _child_row(pid)
+            row: dict[str, Any] | None = dict(known[pid]) if pid in known else _child_row(pid)
             if row is None:
                 continue  # ended meanwhile
             if pid not in known and ppid == me:

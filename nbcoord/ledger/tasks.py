@@ -426,7 +426,7 @@ class TaskLedger:
         frames = innermost_frames(task.get_coro())
         if not frames:
             return ""
-        cell_of = self.ledger.extension.cell_of_file
+        cell_of = self.ledger.host.cell_of_file
         chosen = next((f for f in reversed(frames) if cell_of(f.f_code.co_filename) is not None), frames[-1])
         where = code_location(chosen.f_code.co_filename, chosen.f_lineno, chosen.f_code.co_name, cell_of)
         innermost = frames[-1].f_code.co_name

@@ -11,7 +11,7 @@
 - **Stop background work** (``stop`` without ``interrupt``) and the per-cell, per-thread and zombie stops: the
   one stop only; the running cell goes on.
 - **Restart** a TensorFlow session's runners: :func:`nbcoord.restart_runners`.
-- **Reclaim memory**: the extension's ``reclaim(outputs=False)`` where it has one, on the main thread (the
+- **Reclaim memory**: ``nbcoord.reclaim(outputs=False)``, on the main thread (the
   controller runs it there: at once, or when the kernel's event loop is next free). Reclaims are joined as stops
   are (:class:`Reclaims`): clicks that arrive while a reclaim waits or runs join it, and one runs at most every
   ``RECLAIM_SPACING_S``, so that a flood of clicks costs the main thread one or two reclaims, not one per click
@@ -25,7 +25,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from nbcoord.panel.commands import Command
@@ -54,20 +54,11 @@ def interrupt_main() -> str | None:
     return None
 
 
-def restart_session(session: str) -> dict[str, Any]:
-    """Restart a TensorFlow session's queue runners through the public API; returns its report."""
-    import nbcoord
-
-    return nbcoord.restart_runners(session)
-
-
-def reclaim(extension: Any) -> dict[str, Any]:
-    """The extension's reclaim of memory (outputs left alone), where it has one; raises ``RuntimeError`` else."""
-    method = getattr(extension, "reclaim", None)
-    if not callable(method):
+def reclaim(run: Callable[[], Mapping[str, Any]] | None) -> dict[str, Any]:
+    """Run the kernel's reclaim of memory (outputs left alone); raises ``RuntimeError`` where none is offered."""
+    if run is None:
         raise RuntimeError("this version of nbcoord cannot reclaim memory")
-    report = method(outputs=False)
-    return dict(report) if isinstance(report, dict) else {"text": str(report)}
+    return dict(run())
 
 
 #: A panel reclaim starts at most this many seconds after the previous one ended; clicks meanwhile join the next.

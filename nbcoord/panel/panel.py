@@ -47,6 +47,7 @@ from typing import Any, Final
 import psutil
 
 from nbcoord import report as _report
+from nbcoord.core.host import Host
 from nbcoord.core.internals import current_frames
 from nbcoord.core.log import RateLimited, short
 from nbcoord.core.snapshot import creation_lines, format_stack
@@ -83,13 +84,13 @@ __all__ = [
     "SENDER_THREAD_NAME",
     "Command",
     "NBCoordPanel",
+    "PanelActions",
     "PanelController",
     "Rejected",
     "_blocked_row",
     "change_points",
     "controller_for",
     "esm_path",
-    "panel_for",
     "parse_command",
     "steady_resources",
 ]
@@ -114,11 +115,22 @@ _memory_close = memory_close
 _log_failure = RateLimited(logging.WARNING, burst=3, window=60.0)
 
 
+@dataclasses.dataclass(frozen=True)
+class PanelActions:
+    """What the panel reaches besides the :class:`Host`: the resource probe's history ring, a reclaim of memory
+    (outputs left alone; None: not offered) and a restart of a TensorFlow session's runners."""
+
+    history: Callable[[], Sequence[Mapping[str, Any]]]
+    reclaim: Callable[[], Mapping[str, Any]] | None
+    restart: Callable[[str], Mapping[str, Any]]
+
+
 class PanelController:
     """Owns one kernel's panel: the widget, its sender thread, its fast route, its views and its commands."""
 
-    def __init__(self, extension: Any) -> None:
-        self.extension = extension
+    def __init__(self, host: Host, actions: PanelActions) -> None:
+        self.host = host
+        self.actions = actions
         self.closed = False
         # guards _views, _had_view, _pending, _pending_until, _stop_extra, _outcome, _interrupted, _restartable
         self._lock = threading.Lock()
@@ -151,7 +163,7 @@ class PanelController:
         try:
             if self.route.reason is not None:
                 why = f"{self.route.reason}; Stop acts when the cell ends"
-                extension.degraded_routes["the panel's fast route"] = why
+                host.degraded_routes["the panel's fast route"] = why
             initial = self._state()
             self._resources: dict[str, Any] | None = initial["resources"]
             self.widget = NBCoordPanel(self._text_form, self._displayed, **initial)
@@ -166,10 +178,10 @@ class PanelController:
             raise
         self._sender = Sender(self._tick, self._wait, self._watched, self._traits)
         self._sender.start()
-        self._remove_own_stopper = extension.add_own_stopper(self.stop_threads)
-        extension.add_undo(self.close)
+        self._remove_own_stopper = host.add_own_stopper(self.stop_threads)
+        host.add_undo(self.close)
         # A cell starting or ending changes the header at once (and the front end's expectation of beats).
-        self._events = getattr(extension.shell, "events", None)
+        self._events = getattr(host.shell, "events", None)
         if self._events is not None:
             self._events.register("pre_run_cell", self._cell_started)
             self._events.register("post_run_cell", self._cell_finished)
@@ -247,8 +259,8 @@ class PanelController:
         self._sender.wake()
 
     def _text_form(self) -> str:
-        snapshot = self.extension.snapshot()
-        return _report.report(snapshot, limit=self.extension.config.max_report_threads)
+        snapshot = self.host.snapshot()
+        return _report.report(snapshot, limit=self.host.config.max_report_threads)
 
     # ------------------------------------------------------------------------------------------- views
     def _watched(self) -> bool:
@@ -264,7 +276,7 @@ class PanelController:
                 return True
             had_view = self._had_view
         # Without a fast route a view's renewals wait for the running cell to end: keep sending meanwhile.
-        return self.route.kind == "none" and had_view and self.extension.registry.current_cell() is not None
+        return self.route.kind == "none" and had_view and self.host.registry.current_cell() is not None
 
     def watched(self) -> bool:
         """Public for tests and the benchmark: whether the sender is sending (True) or parked."""
@@ -273,7 +285,7 @@ class PanelController:
     # ------------------------------------------------------------------------------------------- state
     def _wait(self) -> float:
         """Seconds to the next tick: the configured interval, or a multiple of it (see :meth:`_adapt`)."""
-        return float(self.extension.config.panel_interval) * self._multiplier
+        return float(self.host.config.panel_interval) * self._multiplier
 
     def _adapt(self, cost: float) -> None:
         """Keep the sender under MAX_DUTY of one core: double the interval while a tick costs more, halve it
@@ -281,7 +293,7 @@ class PanelController:
         # A moving average: one slow tick (a garbage collection) does not double the interval.
         self._cost = 0.8 * self._cost + 0.2 * cost if self._cost else cost
         needed = self._cost / MAX_DUTY
-        interval = float(self.extension.config.panel_interval)
+        interval = float(self.host.config.panel_interval)
         while needed > interval * self._multiplier and self._multiplier < 64:
             self._multiplier *= 2
         while self._multiplier > 1 and needed < interval * self._multiplier / 3:
@@ -299,24 +311,24 @@ class PanelController:
         with self._lock:
             extra = self._stop_extra
         if snapshot is None:
-            snapshot = self.extension.snapshot()
+            snapshot = self.host.snapshot()
         state = panel_state(
             snapshot,
             route=self.route.kind,
-            interval=float(self.extension.config.panel_interval),
+            interval=float(self.host.config.panel_interval),
             stop_extra=extra,
             native_threads=self._native_count(),
         )
         restartable = frozenset(s["id"] for s in state["sessions"] if s["restartable"] and isinstance(s["id"], str))
         with self._lock:
             self._restartable = restartable
-        state["header"]["reclaim"] = callable(getattr(self.extension, "reclaim", None))
+        state["header"]["reclaim"] = self.actions.reclaim is not None
         state["outcome"] = self._current_outcome()
         return state
 
     def _current_outcome(self) -> dict[str, Any] | None:
         """The last restart or reclaim: the panel's own, or a restart made from a cell (``restart_runners``)."""
-        restart = getattr(getattr(self.extension, "snapshots", None), "last_restart", None)
+        restart = self.host.snapshots.last_restart
         with self._lock:
             if isinstance(restart, Mapping) and restart.get("started_at") != self._restart_seen:
                 self._restart_seen = restart.get("started_at")
@@ -335,12 +347,12 @@ class PanelController:
             # Before the snapshot: a stop's click data is set after its report, so a snapshot taken after
             # reading it holds that report and the threads as the stop left them.
             pending, self._pending = self._pending, {}
-        snapshot = self.extension.snapshot()
+        snapshot = self.host.snapshot()
         state = self._state(snapshot)
         state["resources"] = self._resources = steady_resources(state["resources"], self._resources)
         if now - self._history_at >= HISTORY_EVERY * interval:
             self._history_at = now
-            state["history"] = panel_history(snapshot, _resource_history(self.extension), now=time.time())
+            state["history"] = panel_history(snapshot, _resource_history(self.actions), now=time.time())
         state.update(pending)
         if state["header"]["running_cell"] is not None:
             # While a cell runs the front end expects a beat every interval; its absence means the main
@@ -348,7 +360,7 @@ class PanelController:
             # The beat says how often to expect it: more than panel_interval while ticks are expensive.
             state["beat"] = {"at": round(snapshot["taken_at"], 2), "every": interval}
         # Big traits are paced by the configured interval (bytes per second), not by the slowed-down tick.
-        self._traits.send(state, now, float(self.extension.config.panel_interval), force=set(pending))
+        self._traits.send(state, now, float(self.host.config.panel_interval), force=set(pending))
         cost = time.thread_time() - started
         self.tick_cpu_s += cost
         self._adapt(cost)
@@ -356,9 +368,9 @@ class PanelController:
     # ---------------------------------------------------------------------------------------- commands
     def _install_route(self) -> _fastcomm.FastRoute:
         """The fast route for clicks, told when a cell runs (ipykernel 6's status) and when a burst is handled."""
-        route = _fastcomm.install(getattr(self.extension.shell, "kernel", None), self._from_fast_route,
+        route = _fastcomm.install(getattr(self.host.shell, "kernel", None), self._from_fast_route,
                                   types=COMMAND_TYPES, joined=self._joined_on_fast_route)
-        registry = self.extension.registry
+        registry = self.host.registry
         route.cell_running = lambda: registry.current_cell() is not None
         route.on_idle = self._acks.send_due
         self._acks.wake = route.wake
@@ -397,7 +409,7 @@ class PanelController:
 
     def _handle(self, content: object, route: str, joined: Sequence[str]) -> None:
         received = time.time()
-        registry = self.extension.registry
+        registry = self.host.registry
         with self._lock:
             restartable = self._restartable
         if joined and isinstance(content, Mapping):
@@ -468,17 +480,17 @@ class PanelController:
         self._sender.wake()
 
     def _stack(self, command: Command) -> None:
-        record = self.extension.registry.get(command.tid)
+        record = self.host.registry.get(command.tid) if command.tid is not None else None
         if record is None:
             return
         frame = current_frames().get(record.ident) if record.ident is not None else None
-        lines = format_stack(frame, cell_of=self.extension.cell_of_file) if frame is not None else []
+        lines = format_stack(frame, cell_of=self.host.cell_of_file) if frame is not None else []
         stack = {
             "tid": record.tid,
             "name": name_cut(record.name),
             "click_id": command.click_id,
             "stack": [name_cut(line, TEXT_CHARS) for line in lines],
-            "creation": [name_cut(line, TEXT_CHARS) for line in creation_lines(record, self.extension.cell_of_file)],
+            "creation": [name_cut(line, TEXT_CHARS) for line in creation_lines(record, self.host.cell_of_file)],
             "at": round(time.time(), 3),
         }
         with self._lock:
@@ -489,7 +501,7 @@ class PanelController:
     def _on_main_loop(self, callback: Callable[[], None], delay: float) -> str | None:
         """Run ``callback`` on the main thread once the kernel's event loop is free (after the running cell), and
         ``delay`` seconds from now at the earliest; returns why it cannot."""
-        loop = getattr(getattr(self.extension.shell, "kernel", None), "io_loop", None)
+        loop = getattr(getattr(self.host.shell, "kernel", None), "io_loop", None)
         add_callback = getattr(loop, "add_callback", None)
         if not callable(add_callback):
             return "the kernel's main thread cannot be reached from here"
@@ -503,16 +515,16 @@ class PanelController:
 
     def _reclaim_report(self) -> dict[str, Any]:
         """One reclaim (on the main thread, the only one it may run on), as an action's result."""
-        return {"kind": "reclaim", "report": _panel_actions.reclaim(self.extension)}
+        return {"kind": "reclaim", "report": _panel_actions.reclaim(self.actions.reclaim)}
 
     def _run_action(self, command: Command) -> dict[str, Any]:
         """The action runner's work (on its own thread): a stop, or a restart of a session's runners."""
         if command.type == "restart":
             assert command.session is not None
-            return {"kind": "restart", "report": _panel_actions.restart_session(command.session)}
-        registry = self.extension.registry
+            return {"kind": "restart", "report": dict(self.actions.restart(command.session))}
+        registry = self.host.registry
         running = registry.current_cell() if command.interrupt else None
-        report = self.extension.stop(command.scope, force=command.force, cell=command.cell, tid=command.tid)
+        report = self.host.stop(command.scope, force=command.force, cell=command.cell, tid=command.tid)
         interrupt: dict[str, Any] | None = None
         if command.interrupt:
             interrupt = self._interrupt(running, report)
@@ -523,7 +535,7 @@ class PanelController:
         if running is None:
             return {"cell": None, "sent": False, "why": "no cell was running"}
         cell = running.execution_count
-        if self.extension.registry.current_cell() is not running:
+        if self.host.registry.current_cell() is not running:
             return {"cell": cell, "sent": False, "why": f"cell [{cell}] ended by itself"}
         stopped = len(report["stopped"])
         also = f", and stopped {stopped} thread{'' if stopped == 1 else 's'} the cells had started" if stopped else ""
@@ -599,14 +611,10 @@ class PanelController:
         self._sender.wake()
 
 
-def _resource_history(extension: Any) -> Sequence[Mapping[str, Any]]:
-    """The resource probe's history ring, where the extension has a probe."""
-    probe = getattr(extension, "probe", None)
-    history = getattr(probe, "history", None)
-    if not callable(history):
-        return []
+def _resource_history(actions: PanelActions) -> Sequence[Mapping[str, Any]]:
+    """The resource probe's history ring."""
     try:
-        points = history()
+        points = actions.history()
     except Exception:
         log.warning("nbcoord: panel could not read the resource history", exc_info=True)
         return []
@@ -617,18 +625,13 @@ _controllers: weakref.WeakKeyDictionary[Any, PanelController] = weakref.WeakKeyD
 _controllers_lock = threading.Lock()  # guards _controllers
 
 
-def controller_for(extension: Any) -> PanelController:
-    """The extension's panel controller, created on first use (or again after the panel was closed)."""
+def controller_for(host: Host, actions: PanelActions) -> PanelController:
+    """The kernel's panel controller, created on first use (or again after the panel was closed)."""
     with _controllers_lock:
-        controller = _controllers.get(extension)
+        controller = _controllers.get(host)
         if controller is None or controller.closed or getattr(controller.widget, "comm", None) is None:
             if controller is not None:
                 controller.close()
-            controller = PanelController(extension)
-            _controllers[extension] = controller
+            controller = PanelController(host, actions)
+            _controllers[host] = controller
         return controller
-
-
-def panel_for(extension: Any) -> NBCoordPanel:
-    """The kernel's one panel widget: displaying it again shows another view of the same state."""
-    return controller_for(extension).widget

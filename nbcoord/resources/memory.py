@@ -32,17 +32,17 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
 from nbcoord.core import fork as _fork
 from nbcoord.core.registry import CellInfo
-from nbcoord.core.snapshot import CellMemoryRow
+from nbcoord.core.snapshot import CellGpuRow, CellMemory
 from nbcoord.resources.probes import ResourceProbe, Resources, format_bytes
 
 if TYPE_CHECKING:
-    from nbcoord._wiring import Extension
+    from nbcoord.core.host import Host
 
 log = logging.getLogger("nbcoord")
 
@@ -64,29 +64,6 @@ except ImportError:  # Windows
     _resource = None  # type: ignore[assignment]
 #: ru_maxrss is in KiB on Linux and in bytes on macOS.
 _MAXRSS_UNIT = 1 if sys.platform == "darwin" else 1024
-
-
-class CellGpuRow(TypedDict):
-    """One GPU device's figures for one cell: this process's memory on it (NVML)."""
-
-    index: int
-    before: int | None
-    after: int | None
-    peak: int | None
-    now: int | None
-
-
-class CellMemory(CellMemoryRow):
-    """A ``cell_memory`` row with what the ledger adds to :class:`~nbcoord.core.snapshot.CellMemoryRow`."""
-
-    started_at: float  # time.time()
-    ended_at: float | None  # None while it runs
-    rss_now: int | None
-    rss_peak_exact: bool  # the peak is the process's own high-water mark (else: the highest sample)
-    rss_held: bool
-    gpu_held: bool
-    gpu_devices: list[CellGpuRow]
-    summary: str  # "cell [7]: +2.1 GiB on GPU 0, still held"
 
 
 def growth_held(before: int | None, after: int | None, now: int | None, was_held: bool | None = None) -> bool:
@@ -282,12 +259,12 @@ class MemoryLedger:
     def _forget_in_child(self) -> None:
         self._active = False
 
-    def attach(self, extension: Extension) -> None:
-        """Plug into ``extension`` (see :func:`install`)."""
+    def attach(self, host: Host) -> None:
+        """Plug into ``host`` (see :func:`install`)."""
         self._undo.append(_fork.on_fork_child(self._forget_in_child))
-        self._undo.append(extension.add_cell_listener("memory", self.on_cell))
-        self._undo.append(extension.monitor.add_task("memory", self.tick))
-        self._undo.append(extension.snapshots.add_source("cell_memory", self.section))
+        self._undo.append(host.add_cell_listener("memory", self.on_cell))
+        self._undo.append(host.monitor.add_task("memory", self.tick))
+        self._undo.append(host.snapshots.add_source("cell_memory", self.section))
 
     def uninstall(self) -> None:
         """Remove what :meth:`attach` added and close the RSS reader; never raises."""
@@ -412,12 +389,12 @@ def summary(row: CellMemory) -> str:
     return f"{head}: {', '.join(parts)}{state}"
 
 
-def install(extension: Extension) -> MemoryLedger:
-    """Install the ledger for ``extension``: a cell listener, a monitor task, the ``cell_memory`` snapshot source and
-    a fork-child action. ``uninstall()`` on the result removes exactly those."""
-    ledger = MemoryLedger(extension.probe)
+def install(host: Host, probe: ResourceProbe) -> MemoryLedger:
+    """Install the ledger for ``host``, reading ``probe``'s samples: a cell listener, a monitor task, the
+    ``cell_memory`` snapshot source and a fork-child action. ``uninstall()`` on the result removes exactly those."""
+    ledger = MemoryLedger(probe)
     try:
-        ledger.attach(extension)
+        ledger.attach(host)
     except BaseException:
         ledger.uninstall()
         raise

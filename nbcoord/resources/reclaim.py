@@ -18,7 +18,7 @@ that memory stays taken: on the GPU it stops the next run. :func:`reclaim`, in o
    context), CuPy's memory pools ``free_all_blocks()``; and glibc's ``malloc_trim(0)`` returns freed heap pages to
    the system. Where a framework keeps memory until the process ends (TensorFlow's GPU allocator, JAX's
    preallocation, PyTorch's CUDA context), the report says so plainly;
-5. before and after: this process's RSS and USS, its memory per GPU device (NVML, through the extension's probe),
+5. before and after: this process's RSS and USS, its memory per GPU device (NVML, through the resource probe),
    PyTorch's and TensorFlow's allocator figures;
 6. what the user's namespace (and the output cache) still holds: the largest arrays and tensors by variable name,
    with type, device, size, shape and dtype (NumPy, PyTorch tensors and modules, TensorFlow / Keras, CuPy, JAX,
@@ -44,10 +44,10 @@ from types import ModuleType, TracebackType
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from nbcoord.core import fork as _fork
-from nbcoord.resources.probes import TF_HOLDS_GPU, CellWindow, _nvml_index, format_bytes
+from nbcoord.resources.probes import TF_HOLDS_GPU, CellWindow, ResourceProbe, _nvml_index, format_bytes
 
 if TYPE_CHECKING:
-    from nbcoord._wiring import Extension
+    from nbcoord.core.host import Host
 
 log = logging.getLogger("nbcoord")
 
@@ -127,11 +127,10 @@ class ReclaimReport(TypedDict):
 
 
 # ------------------------------------------------------------------------------------------------- figures
-def _figures(extension: Extension) -> MemoryFigures:
+def _figures(host: Host, probe: ResourceProbe) -> MemoryFigures:
     """Fresh figures: a full read of the probe (NVML included), and PyTorch's allocator where it uses CUDA."""
-    registry = extension.registry
+    registry = host.registry
     windows = [CellWindow(c.execution_count, c.started_at, c.ended_at) for c in registry.cells()]
-    probe = extension.probe
     probe.invalidate()
     sample = probe.sample(windows, registry.native_names())
     devices = [
@@ -591,7 +590,7 @@ def largest_held(shell: Any, limit: int = LARGEST) -> list[HeldObject]:
 
 
 # ------------------------------------------------------------------------------------------------ reclaim
-def reclaim(extension: Extension, *, outputs: bool = False) -> ReclaimReport:
+def reclaim(host: Host, probe: ResourceProbe, *, outputs: bool = False) -> ReclaimReport:
     """Give back what the kernel keeps by accident (see the module docstring) and report it.
 
     Parameters
@@ -616,19 +615,19 @@ def reclaim(extension: Extension, *, outputs: bool = False) -> ReclaimReport:
             "a cell, or from a panel command handled as an ordinary widget message."
         )
     started = time.monotonic()
-    shell = extension.shell
-    before = _figures(extension)
-    dropped = drop_last_exception(shell, extension.cell_of_file)
+    shell = host.shell
+    before = _figures(host, probe)
+    dropped = drop_last_exception(shell, host.cell_of_file)
     notes: list[str] = []
     if outputs:
         cache = drop_output_cache(shell)
         if cache is not None:
             dropped.append(cache)
-    extension.registry.records()  # drains queued thread starts and forgets finished threads
+    host.registry.records()  # drains queued thread starts and forgets finished threads
     collected = gc.collect()
-    gpu_note = extension.probe.last_sample["gpu"]["tf_note"] if extension.probe.last_sample is not None else None
+    gpu_note = probe.last_sample["gpu"]["tf_note"] if probe.last_sample is not None else None
     frameworks = release_frameworks(gpu_note)
-    after = _figures(extension)
+    after = _figures(host, probe)
     largest = largest_held(shell)
     cached = [row for row in largest if row["held_by"] == "output cache"]
     if cached and not outputs:
