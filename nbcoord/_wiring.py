@@ -12,7 +12,7 @@ import logging
 import time
 from typing import Any
 
-from nbcoord.core import checks, fork, log
+from nbcoord.core import checks, fallbacks, fork, log
 from nbcoord.core.cells import CellEvents
 from nbcoord.core.config import NBCoord
 from nbcoord.core.host import Host
@@ -118,14 +118,8 @@ class Extension:
     # ------------------------------------------------------------------- the public API's entry points
     def degraded(self) -> dict[str, str]:
         """What works differently here, and how: internals found missing, routes that could not be installed."""
-        from nbcoord.core import internals
-        from nbcoord.ledger import internals as ledger_internals
-        from nbcoord.tensorflow import internals as tf_internals
-
         return {
-            **internals.degraded(),
-            **tf_internals.degraded(),
-            **ledger_internals.degraded(),
+            **fallbacks.degraded(),
             **self.host.degraded_routes,
         }
 

@@ -46,12 +46,12 @@ from concurrent.futures import ThreadPoolExecutor
 from types import CodeType, FrameType
 from typing import Any, TextIO
 
-from nbcoord.core.fallbacks import Fallbacks
+from nbcoord.core.fallbacks import RECORD
 
 log = logging.getLogger("nbcoord")
 
 #: What fell back, and to what: filled as accessors find an internal missing.
-_fallbacks = Fallbacks()
+_fallbacks = RECORD  # tests give a module a fresh record of its own
 
 
 def _fall_back(name: str, fallback: str) -> None:

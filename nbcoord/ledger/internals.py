@@ -46,12 +46,12 @@ import threading
 import warnings
 from typing import Any
 
-from nbcoord.core.fallbacks import Fallbacks
+from nbcoord.core.fallbacks import RECORD
 
 log = logging.getLogger("nbcoord")
 
 #: What fell back, and to what.
-_fallbacks = Fallbacks()
+_fallbacks = RECORD  # tests give a module a fresh record of its own
 
 
 def _fall_back(name: str, fallback: str) -> None:

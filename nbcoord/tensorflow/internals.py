@@ -51,12 +51,12 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from nbcoord.core.fallbacks import Fallbacks
+from nbcoord.core.fallbacks import RECORD
 
 log = logging.getLogger("nbcoord")
 
 #: What fell back, and to what.
-_fallbacks = Fallbacks("TensorFlow's ")
+_fallbacks = RECORD  # tests give a module a fresh record of its own
 
 #: The signature nbcoord's run hook is written for.
 RUN_FUNNEL = "_call_tf_sessionrun"
@@ -64,7 +64,7 @@ RUN_FUNNEL_ARGS = ("self", "options", "feed_dict", "fetch_list", "target_list", 
 
 
 def _fall_back(name: str, fallback: str) -> None:
-    _fallbacks.fall_back(name, fallback)
+    _fallbacks.fall_back(name, fallback, "TensorFlow's ")
 
 
 def degraded() -> dict[str, str]:
