@@ -43,7 +43,7 @@ import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from types import CodeType, FrameType
+from types import CellType, CodeType, FrameType
 from typing import Any, TextIO
 
 from nbcoord.core.fallbacks import RECORD
@@ -284,3 +284,30 @@ def is_initializing(module: object) -> bool:
     if spec is not None and not hasattr(spec, "_initializing"):
         return False  # importlib sets it only during an import: its absence means done
     return bool(getattr(spec, "_initializing", False))
+
+
+#: IPython 9 wraps each stream's ``write`` for the length of every cell (``InteractiveShell._tee``, to keep the
+#: cell's output in its history) and, at the cell's end, sets back the ``write`` it found at the start.
+_IPYTHON_TEE_QUALNAME = "InteractiveShell._tee.<locals>.write"
+
+
+def ipython_tee_cell(write: Any, wanted: Callable[[Any], bool]) -> CellType | None:
+    """The closure cell in which IPython's per-cell wrapper of a stream's ``write`` keeps the ``write`` it wraps and
+    will set back (following nested wrappers inward), if its content is ``wanted``; None outside a cell, or on an
+    IPython without that wrapper.
+
+    nbcoord loads (and unloads) inside a cell: a ``write`` set on the stream then would be undone by IPython at the
+    cell's end. Swapping the content of that cell instead makes IPython set back nbcoord's ``write`` (or, at unload,
+    the kernel's own). Fallback where the wrapper is not recognised: the stream's ``write`` attribute itself.
+    """
+    found: CellType | None = None
+    for _ in range(16):  # nested run_cell calls nest wrappers; never loop on a cycle
+        if getattr(write, "__qualname__", None) != _IPYTHON_TEE_QUALNAME:
+            break
+        cells = dict(zip(write.__code__.co_freevars, write.__closure__ or (), strict=False))
+        cell = cells.get("original_write")
+        if cell is None:
+            break
+        found = cell
+        write = cell.cell_contents
+    return found if found is not None and wanted(found.cell_contents) else None

@@ -13,10 +13,8 @@ last, so it lands under the cell running now, or under the last one run. With nb
 - bounded: each area keeps the last ``NBCoord.output_lines`` lines (200), counts the others and says so in its
   first line; a line longer than 2,000 characters is cut; an area is updated at most 4 times a second, however
   fast a thread writes (``\\r`` progress bars rewrite their line rather than adding lines);
-- a cell run again moves its area to the new run (the old output is gone); text from threads of the earlier run
-  goes there, and the area's first line names that earlier run;
-- ``NBCoord.route_output = False`` (also ``%nbcoord config route_output=false``) leaves thread output to the
-  kernel, as without nbcoord.
+- a cell run again moves its area to the new run (the old output is gone; its first line names the earlier run);
+- ``NBCoord.route_output = False`` (``%nbcoord config route_output=false``) leaves thread output to the kernel.
 
 Why this route. JupyterLab 4 and Notebook 7 (both use ``@jupyterlab/outputarea``) run a cell with
 ``kernel.requestExecute(content, disposeOnDone=false)``: the cell's future stays registered with the page's kernel
@@ -34,7 +32,7 @@ under the latest request, which is what nbcoord moves.
 
 How. The kernel's two ``OutStream`` objects get nbcoord's ``write`` in front of their own (the objects, their
 class and ``sys.stdout`` stay as they are; IPython 9's per-cell wrapper, which keeps a cell's output in its history,
-stays in front of it: see :func:`_tee_cell`); unload puts the kernel's own back. On the main thread it costs one
+stays in front of it: see ``ipython_tee_cell``); unload puts the kernel's own back. On the main thread it costs one
 comparison; in a thread, the thread's home cell is looked up once and kept in a thread-local. Sending happens in the
 writing thread when an update is due (one thread sends at a time), and nbcoord's monitor thread sends what is left
 about once a second. ``threading.excepthook`` is chained above nbcoord's own hook (which keeps the failure as text
@@ -55,16 +53,14 @@ import sys
 import threading
 import time
 import traceback
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from types import CellType
 from typing import TYPE_CHECKING, Any
 
 from nbcoord.core import fork as _fork
-from nbcoord.core.registry import CellInfo, ThreadRecord
-from nbcoord.core.snapshot import OutputRow, OutputThreadRow
+from nbcoord.core.internals import ipython_tee_cell
+from nbcoord.core.registry import CellInfo
 from nbcoord.core.stop import ThreadStopped
+from nbcoord.kernel.output_areas import Area, Run, Writer
 
 if TYPE_CHECKING:
     from nbcoord.core.host import Host
@@ -77,62 +73,12 @@ DEFAULT_LINES = 200
 UPDATE_INTERVAL_S = 0.25
 #: Seconds between any two sends, over all areas.
 MIN_SEND_GAP_S = 0.02
-#: A line longer than this is cut (one line of a 100 MB write must not become one 100 MB update).
-MAX_LINE_CHARS = 2000
 #: Areas kept; beyond it the least recently written is forgotten (its text stays in the browser).
 MAX_AREAS = 200
 #: Runs of cells remembered (their request headers), for cells whose threads have not written yet.
 MAX_RUNS = 2000
-#: The last lines of each area given to the views (the panel's preview, the report).
-PREVIEW_LINES = 3
 #: Where the routed text is displayed: the MIME type of the output area.
 MIME = "text/plain"
-
-
-def _join(line: str, over: int, piece: str) -> tuple[str, int]:
-    """A line so far (``over``: characters cut from it) plus a piece of it, as a terminal would show it: a carriage
-    return starts the line again (progress bars), a trailing one is a line ending's; at most MAX_LINE_CHARS kept."""
-    piece = piece.rstrip("\r")
-    restart = piece.rfind("\r")
-    if restart >= 0:
-        line, over, piece = "", 0, piece[restart + 1 :]
-    line += piece
-    if len(line) > MAX_LINE_CHARS:
-        over += len(line) - MAX_LINE_CHARS
-        line = line[:MAX_LINE_CHARS]
-    return line, over
-
-
-def _shown(line: str, over: int) -> str:
-    return f"{line}... [{over:,} more characters not shown]" if over else line
-
-
-#: IPython 9 wraps each stream's ``write`` for the length of every cell (``InteractiveShell._tee``, to keep the
-#: cell's output in its history) and, at the cell's end, sets back the ``write`` it found at the start.
-_TEE_QUALNAME = "InteractiveShell._tee.<locals>.write"
-
-
-def _tee_cell(write: Any, wanted: Callable[[Any], bool]) -> CellType | None:
-    """The closure cell in which IPython's per-cell wrapper of a stream's ``write`` keeps the ``write`` it wraps and
-    will set back (following nested wrappers inward), if its content is ``wanted``; None outside a cell, or on an
-    IPython without that wrapper.
-
-    nbcoord loads (and unloads) inside a cell: a ``write`` set on the stream then would be undone by IPython at the
-    cell's end. Swapping the content of that cell instead makes IPython set back nbcoord's ``write`` (or, at unload,
-    the kernel's own). Fallback where the wrapper is not recognised: the stream's ``write`` attribute itself.
-    """
-    found: CellType | None = None
-    for _ in range(16):  # nested run_cell calls nest wrappers; never loop on a cycle
-        if getattr(write, "__qualname__", None) != _TEE_QUALNAME:
-            break
-        cells = dict(zip(write.__code__.co_freevars, write.__closure__ or (), strict=False))
-        cell = cells.get("original_write")
-        if cell is None:
-            break
-        found = cell
-        write = cell.cell_contents
-    return found if found is not None and wanted(found.cell_contents) else None
-
 
 def _header_of(parent: Any) -> dict[str, Any] | None:
     """The request header in what ``shell.parent_header`` holds (the whole request message on ipykernel 6 and 7)."""
@@ -140,157 +86,6 @@ def _header_of(parent: Any) -> dict[str, Any] | None:
         return None
     header = parent.get("header", parent)
     return header if isinstance(header, dict) and header.get("msg_id") else None
-
-
-@dataclass
-class _Run:
-    """One run of a cell, and the request header that places output under it."""
-
-    cell: CellInfo
-    header: dict[str, Any] | None
-
-
-@dataclass
-class _Writer:
-    """A thread whose home is a cell, as the write path needs it (kept in a thread-local)."""
-
-    key: str
-    home: CellInfo
-    record: ThreadRecord
-    #: The kernel routes this thread's text itself (ipykernel 6's own thread routing, or the thread set its parent
-    #: with ``set_parent``/``set_thread_parent``, even if it reset it since): nbcoord leaves it alone from then on.
-    kernel_routes: bool = False
-
-
-@dataclass
-class _ThreadCount:
-    record: ThreadRecord
-    home: CellInfo
-    lines: int = 0
-    failed: bool = False
-
-
-@dataclass
-class _Area:
-    """The routed output of one notebook cell: the lines kept, and the display they are shown in."""
-
-    key: str
-    run: _Run
-    keep: int
-    #: Guards every field below except ``sent_at`` and the display state, which only the holder of ``send_lock``
-    #: writes. ``send_lock``: one sender at a time, so that a display is created before it is updated.
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    send_lock: threading.Lock = field(default_factory=threading.Lock)
-    lines: deque[str] = field(default_factory=deque)
-    hidden: int = 0
-    total: int = 0
-    partial: dict[str, tuple[str, int]] = field(default_factory=dict)  # tid -> its unfinished line, chars cut
-    threads: dict[str, _ThreadCount] = field(default_factory=dict)
-    version: int = 0
-    sent_version: int = 0
-    display_id: str | None = None
-    sent_at: float = -1e9  # monotonic
-    updated_at: float | None = None  # time.time()
-
-    def __post_init__(self) -> None:
-        self.lines = deque(maxlen=self.keep)
-
-    def write(self, writer: _Writer, text: str, *, failed: bool = False) -> None:
-        """Add ``text`` (any piece of a write) from ``writer``'s thread."""
-        tid = writer.record.tid
-        with self.lock:
-            count = self.threads.get(tid)
-            if count is None:
-                count = self.threads[tid] = _ThreadCount(writer.record, writer.home)
-            count.failed = count.failed or failed
-            line, over = self.partial.pop(tid, ("", 0))
-            pieces = text.split("\n")
-            line, over = _join(line, over, pieces[0])
-            for piece in pieces[1:]:
-                self._add(_shown(line, over), count)
-                line, over = _join("", 0, piece)
-            if line or over:
-                self.partial[tid] = (line, over)
-            self.version += 1
-
-    def _add(self, line: str, count: _ThreadCount) -> None:
-        lines = self.lines
-        if len(lines) == lines.maxlen:
-            self.hidden += 1
-        lines.append(line)
-        self.total += 1
-        count.lines += 1
-
-    def resize(self, keep: int) -> None:
-        with self.lock:
-            if keep == self.keep:
-                return
-            old = self.lines
-            self.keep = keep
-            self.lines = deque(old, maxlen=keep)
-            self.hidden += len(old) - len(self.lines)
-            self.version += 1
-
-    def move_to(self, run: _Run) -> None:
-        """The cell ran again: its old output is gone; the next text goes into a new display in the new run."""
-        with self.lock:
-            self.run = run
-            self.display_id = None
-            self.lines.clear()
-            self.hidden = self.total = 0
-            self.threads.clear()
-            self.version += 1
-
-    def title(self) -> str:
-        """The area's first line: whose output this is (under the lock)."""
-        run_cell = self.run.cell
-        writers = list(self.threads.values())
-        names = ", ".join(repr(c.record.name) for c in writers[:3]) + (" ..." if len(writers) > 3 else "")
-        what = f"thread {names}" if len(writers) == 1 else f"{len(writers)} threads ({names})"
-        earlier = sorted({c.home.execution_count for c in writers if c.home is not run_cell})
-        if earlier:
-            runs = ", ".join(f"[{n}]" for n in earlier)
-            return f"nbcoord: output of {what} started by an earlier run of this cell ({runs}):"
-        return f"nbcoord: output of {what} started by this cell, written after it finished:"
-
-    def render(self) -> str | None:
-        """The area's text, or None when there is nothing to show (under the lock)."""
-        partial = [_shown(line, over) for line, over in self.partial.values() if line or over]
-        if not self.lines and not partial:
-            return None
-        parts = [self.title()]
-        if self.hidden:
-            parts.append(
-                f"... {self.hidden:,} earlier line(s) not shown (nbcoord keeps the last {self.keep} lines per "
-                "cell: NBCoord.output_lines)"
-            )
-        parts.extend(self.lines)
-        parts.extend(partial)
-        return "\n".join(parts)
-
-    def row(self) -> OutputRow:
-        with self.lock:
-            tail = list(itertools.islice(reversed(self.lines), PREVIEW_LINES))[::-1]
-            return OutputRow(
-                cell=self.run.cell.execution_count,
-                cell_id=self.run.cell.cell_id,
-                display_id=self.display_id,
-                lines=self.total,
-                shown=len(self.lines),
-                hidden=self.hidden,
-                threads=[
-                    OutputThreadRow(
-                        tid=c.record.tid,
-                        name=c.record.name,
-                        cell=c.home.execution_count,
-                        lines=c.lines,
-                        failed=c.failed,
-                    )
-                    for c in self.threads.values()
-                ],
-                last_lines=tail,
-                updated_at=self.updated_at,
-            )
 
 
 class OutputRouter:
@@ -309,8 +104,8 @@ class OutputRouter:
         self._config = host.config
         # Guards _areas and _runs (read without it on the write path: single dict lookups).
         self._lock = threading.Lock()
-        self._areas: dict[str, _Area] = {}
-        self._runs: dict[str, _Run] = {}
+        self._areas: dict[str, Area] = {}
+        self._runs: dict[str, Run] = {}
         self._local = threading.local()
         self._undo: list[Callable[[], None]] = []
         self._original_stderr: Callable[[str], Any] | None = None
@@ -397,10 +192,10 @@ class OutputRouter:
         return None
 
     def _wrap(self, name: str) -> None:
-        """Put the router's ``write`` under the stream's ``write`` (see :func:`_tee_cell`), or make it the stream's
+        """Put the router's ``write`` under the stream's ``write`` (see ``ipython_tee_cell``), or make it the stream's
         ``write`` where nothing wraps it."""
         stream = getattr(sys, name)
-        cell = _tee_cell(stream.__dict__.get("write"), lambda _found: True)
+        cell = ipython_tee_cell(stream.__dict__.get("write"), lambda _found: True)
         had_own = "write" in stream.__dict__
         original: Callable[..., Any] = cell.cell_contents if cell is not None else stream.write
         router = self
@@ -425,7 +220,7 @@ class OutputRouter:
             self._original_stderr = original
 
         def restore() -> None:
-            inside = _tee_cell(stream.__dict__.get("write"), lambda found: found is write)
+            inside = ipython_tee_cell(stream.__dict__.get("write"), lambda found: found is write)
             if inside is not None:
                 inside.cell_contents = original  # unloaded inside a cell: IPython restores the kernel's own
             elif stream.__dict__.get("write") is write:
@@ -520,7 +315,7 @@ class OutputRouter:
 
     def _note_run(self, cell: CellInfo, header: dict[str, Any] | None) -> None:
         key = self._key(cell)
-        run = _Run(cell, header)
+        run = Run(cell, header)
         with self._lock:
             self._runs.pop(key, None)  # re-inserted last: the dict stays ordered by the latest run
             self._runs[key] = run
@@ -533,17 +328,17 @@ class OutputRouter:
             area.move_to(run)
 
     # ------------------------------------------------------------------------------------------ writes
-    def _writer(self) -> _Writer | None:
+    def _writer(self) -> Writer | None:
         """The calling thread's home, looked up once per thread: None for threads no cell started."""
         local = self._local
         try:
-            writer: _Writer | None = local.writer
+            writer: Writer | None = local.writer
         except AttributeError:
             record = self._registry.for_thread(threading.current_thread())
             if record is None or not record.user or record.cell is None:
                 writer = None
             else:
-                writer = _Writer(self._key(record.cell), record.cell, record)
+                writer = Writer(self._key(record.cell), record.cell, record)
             local.writer = writer
         return writer
 
@@ -596,13 +391,13 @@ class OutputRouter:
             return False
         return header.get("msg_id") != latest
 
-    def _new_area(self, writer: _Writer) -> _Area:
+    def _new_area(self, writer: Writer) -> Area:
         with self._lock:
             area = self._areas.get(writer.key)
             if area is not None:
                 return area
-            run = self._runs.get(writer.key) or _Run(writer.home, None)
-            area = self._areas[writer.key] = _Area(writer.key, run, self._keep())
+            run = self._runs.get(writer.key) or Run(writer.home, None)
+            area = self._areas[writer.key] = Area(writer.key, run, self._keep())
             if len(self._areas) > MAX_AREAS:
                 oldest = min(self._areas.values(), key=lambda a: a.sent_at)
                 del self._areas[oldest.key]
@@ -636,11 +431,11 @@ class OutputRouter:
             if area.version != area.sent_version:
                 self._send(area, blocking=True)
 
-    def _areas_now(self) -> list[_Area]:
+    def _areas_now(self) -> list[Area]:
         with self._lock:
             return list(self._areas.values())
 
-    def _send(self, area: _Area, *, blocking: bool) -> None:
+    def _send(self, area: Area, *, blocking: bool) -> None:
         if not area.send_lock.acquire(blocking, timeout=1.0 if blocking else -1):
             return  # another thread sends it now
         try:
