@@ -15,7 +15,6 @@ last, so it lands under the cell running now, or under the last one run. With nb
   fast a thread writes (``\\r`` progress bars rewrite their line rather than adding lines);
 - a cell run again moves its area to the new run (the old output is gone; its first line names the earlier run);
 - ``NBCoord.route_output = False`` (``%nbcoord config route_output=false``) leaves thread output to the kernel.
-
 Why this route. JupyterLab 4 and Notebook 7 (both use ``@jupyterlab/outputarea``) run a cell with
 ``kernel.requestExecute(content, disposeOnDone=false)``: the cell's future stays registered with the page's kernel
 connection until the cell runs again, so a ``display_data`` whose parent is a finished request still reaches that
