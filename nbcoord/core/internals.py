@@ -311,3 +311,20 @@ def ipython_tee_cell(write: Any, wanted: Callable[[Any], bool]) -> CellType | No
         found = cell
         write = cell.cell_contents
     return found if found is not None and wanted(found.cell_contents) else None
+
+
+#: Functions a thread waits in (innermost frame's ``co_name``): public ones and CPython's private
+#: ``Thread._wait_for_tstate_lock`` (what ``join()`` waits in). A name that is gone only stops matching.
+WAITING_FUNCTIONS = frozenset({"wait", "_wait_for_tstate_lock", "get", "acquire", "sleep", "select", "poll", "recv"})
+
+
+def zmq_recv_callback(stream: Any) -> Any:
+    """The callback pyzmq's ``ZMQStream`` calls with each message it reads (its private ``_recv_callback``, which
+    ``on_recv`` sets); None where a stream has none (the fast route then falls back to the control route)."""
+    return getattr(stream, "_recv_callback", None)
+
+
+def set_zmq_recv_callback(stream: Any, callback: Any) -> None:
+    """Replace a ``ZMQStream``'s message callback in place: one attribute store, atomic under the GIL, so the next
+    message read uses it (``on_recv`` would also re-register the socket with the loop, from the wrong thread)."""
+    stream._recv_callback = callback

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any, TypedDict
 
 from nbcoord.core.callbacks import Callbacks
-from nbcoord.core.internals import calling_frame, current_frames
+from nbcoord.core.internals import WAITING_FUNCTIONS, calling_frame, current_frames
 from nbcoord.core.registry import CellInfo, Registry, ThreadFailure, ThreadRecord
 
 log = logging.getLogger("nbcoord")
@@ -261,8 +261,6 @@ def format_stack(frame: Any, limit: int = 30, cell_of: CellOfFile | None = None)
 
 #: Cell outcomes that make the threads the cell left running zombies.
 _FAILED = frozenset({"interrupted", "error"})
-#: Innermost function names that mean a thread is waiting rather than working.
-_WAITING = frozenset({"wait", "_wait_for_tstate_lock", "get", "acquire", "sleep", "select", "poll", "recv"})
 
 
 def thread_state(record: ThreadRecord, frame: Any) -> str:
@@ -271,7 +269,7 @@ def thread_state(record: ThreadRecord, frame: Any) -> str:
         return "finished"
     if record.stop_requested_at is not None:
         return "stopping"
-    if frame.f_code.co_name in _WAITING:
+    if frame.f_code.co_name in WAITING_FUNCTIONS:
         return "waiting"
     return "running"
 
@@ -329,7 +327,7 @@ class SnapshotBuilder:
         elif record.stop_requested_at is not None:
             state = "stopping"
         else:
-            state = "waiting" if innermost in _WAITING else "running"
+            state = "waiting" if innermost in WAITING_FUNCTIONS else "running"
         cached = record.row_cache
         if cached is not None and cached["state"] == state and cached["alive"] == alive and not stacks:
             return cached  # type: ignore[return-value]
@@ -401,7 +399,7 @@ class SnapshotBuilder:
                 cached = record.row_cache
                 if cached is not None and not stacks:
                     co_name = frame.f_code.co_name if frame is not None else None
-                    state = "finished" if frame is None else "waiting" if co_name in _WAITING else "running"
+                    state = "finished" if frame is None else "waiting" if co_name in WAITING_FUNCTIONS else "running"
                     if cached["state"] == state:
                         append(cached)  # type: ignore[arg-type]
                         continue

@@ -51,6 +51,7 @@ import time
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, Final, Literal
 
+from nbcoord.core.internals import set_zmq_recv_callback, zmq_recv_callback
 from nbcoord.core.log import RateLimited
 from nbcoord.kernel.fastcomm_worker import WORKER_THREAD_NAME, Handler, JoinedHandler, Worker
 
@@ -272,7 +273,7 @@ def _install_shell_channel(kernel: object, route: FastRoute) -> str | None:
     if not thread.is_alive():
         return "the shell channel thread is not running"
     stream = getattr(kernel, "shell_stream", None)
-    original = getattr(stream, "_recv_callback", None)
+    original = zmq_recv_callback(stream)
     if stream is None or not callable(original):
         return "the shell stream has no receive callback (kernel not started yet)"
     if getattr(stream, "io_loop", None) is not getattr(thread, "io_loop", object()):
@@ -303,13 +304,13 @@ def _install_shell_channel(kernel: object, route: FastRoute) -> str | None:
         return original(frames)
 
     def undo() -> None:
-        if getattr(stream, "_recv_callback", None) is on_shell_message:
-            stream._recv_callback = original
+        if zmq_recv_callback(stream) is on_shell_message:
+            set_zmq_recv_callback(stream, original)
         else:  # someone wrapped us since: stay in place as a pure pass-through
             logger.info("nbcoord fast route: shell callback was re-wrapped; left inert")
 
     # One attribute store, atomic under the GIL: the next message read uses the wrapper.
-    stream._recv_callback = on_shell_message
+    set_zmq_recv_callback(stream, on_shell_message)
     route._undo = undo
     return None
 
