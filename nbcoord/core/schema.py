@@ -35,6 +35,8 @@ import math
 from collections.abc import Mapping
 from typing import Any, Final, Literal, TypedDict
 
+from nbcoord.core.text import bounded
+
 SCHEMA: Final = 1
 REQUEST: Final = "nbcoord_request"
 REPLY: Final = "nbcoord_reply"
@@ -223,12 +225,6 @@ class KernelSummary(TypedDict):
     last_stop: LastStop | None
 
 
-def cut(text: object, limit: int = MAX_TEXT) -> str:
-    """``text`` as a string of at most ``limit`` characters."""
-    value = text if isinstance(text, str) else str(text)
-    return value if len(value) <= limit else value[: limit - 1] + "…"
-
-
 def ok_reply(action: Action, key: str, value: object) -> dict[str, Any]:
     """The content of a successful reply."""
     return {"status": "ok", "schema": SCHEMA, "action": action, key: value}
@@ -236,4 +232,4 @@ def ok_reply(action: Action, key: str, value: object) -> dict[str, Any]:
 
 def error_reply(code: ErrorCode, error: str) -> dict[str, Any]:
     """The content of an error reply."""
-    return {"status": "error", "schema": SCHEMA, "code": code, "error": cut(error, 500)}
+    return {"status": "error", "schema": SCHEMA, "code": code, "error": bounded(error, 500)}

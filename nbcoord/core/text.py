@@ -36,6 +36,13 @@ def cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... [{len(text) - limit:,} more characters]"
 
 
+def bounded(text: object, limit: int) -> str:
+    """``text`` as a string of at most ``limit`` characters (a wire bound: the schema's fields), its end marked
+    with "…" when cut. :func:`cut` is the display form, which says how much was left out."""
+    value = text if isinstance(text, str) else str(text)
+    return value if len(value) <= limit else value[: limit - 1] + "…"
+
+
 def shown(value: object, limit: int = NAME_CHARS) -> str:
     """A value from outside as one safe line: cut, then escaped (a newline in it shows as ``\\x0a``)."""
     return printable(cut(str(value), limit))

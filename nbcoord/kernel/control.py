@@ -56,6 +56,7 @@ from nbcoord.core.schema import (
     MAX_CELLS,
     MAX_NAMES,
     MAX_QUEUES,
+    MAX_TEXT,
     REPLY,
     REQUEST,
     THREAD_STATES,
@@ -67,13 +68,13 @@ from nbcoord.core.schema import (
     QueueFill,
     SchemaError,
     StopRequest,
-    cut,
     error_reply,
     ok_reply,
     parse_request,
 )
 from nbcoord.core.snapshot import Snapshot
 from nbcoord.core.stop import ScopeKind
+from nbcoord.core.text import bounded
 from nbcoord.core.threads import INTERNAL_PREFIX
 from nbcoord.core.version import __version__
 
@@ -253,6 +254,11 @@ class ControlRoute:
 
 
 # ------------------------------------------------------------------------------------------------ summary
+def _wire(value: object) -> str:
+    """A name or a sentence as the schema bounds it (MAX_TEXT characters)."""
+    return bounded(value, MAX_TEXT)
+
+
 def _count(value: object) -> int | None:
     return len(value) if isinstance(value, list) else None
 
@@ -272,7 +278,7 @@ def _queues(rows: list[dict[str, Any]]) -> list[QueueFill]:
     """One row per queue name (a queue polled in two sessions is one queue to a reader), fullest first."""
     by_name: dict[str, QueueFill] = {}
     for row in rows:
-        name = cut(row.get("name") or row.get("id") or "?")
+        name = _wire(row.get("name") or row.get("id") or "?")
         size = row.get("size")
         capacity = row.get("capacity")
         capacity = capacity if isinstance(capacity, int) and capacity > 0 else -1
@@ -288,9 +294,9 @@ def _queues(rows: list[dict[str, Any]]) -> list[QueueFill]:
 def _blocked(rows: list[dict[str, Any]]) -> list[BlockedRun]:
     runs = [
         BlockedRun(
-            thread=cut(row.get("thread", "?")),
+            thread=_wire(row.get("thread", "?")),
             seconds=float(row["seconds"]) if isinstance(row.get("seconds"), (int, float)) else 0.0,
-            text=cut(row["text"]) if isinstance(row.get("text"), str) else None,
+            text=_wire(row["text"]) if isinstance(row.get("text"), str) else None,
         )
         for row in rows
     ]
@@ -309,7 +315,7 @@ def _last_stop(report: Mapping[str, Any] | None) -> LastStop | None:
         took_s=float(report.get("took_s") or 0.0),
         stopped=len(report.get("stopped") or []),
         alive=len(alive),
-        alive_names=[cut(row.get("name", "?")) for row in alive[:MAX_NAMES]],
+        alive_names=[_wire(row.get("name", "?")) for row in alive[:MAX_NAMES]],
         errors=len(report.get("stopper_errors") or []),
     )
 

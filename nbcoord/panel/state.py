@@ -22,9 +22,8 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final
 
-from nbcoord.core.schema import cut
 from nbcoord.core.snapshot import LedgerRow, Snapshot, ThreadRow
-from nbcoord.core.text import NAME_CHARS, TEXT_CHARS
+from nbcoord.core.text import NAME_CHARS, TEXT_CHARS, bounded
 from nbcoord.panel.commands import is_number
 
 HISTORY_POINTS: Final = 120
@@ -42,7 +41,7 @@ _MIB: Final = 1 << 20
 
 def name_cut(value: Any, limit: int = NAME_CHARS) -> Any:
     """A string cut to ``limit`` characters, the last being "…" when it was longer; anything else as it is."""
-    return cut(value, limit) if isinstance(value, str) else value
+    return bounded(value, limit) if isinstance(value, str) else value
 
 
 def mib(n: object) -> int | None:

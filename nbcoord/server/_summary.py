@@ -18,7 +18,8 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from nbcoord.core.schema import MAX_BLOCKED, MAX_CELLS, MAX_NAMES, MAX_QUEUES, KernelSummary, cut
+from nbcoord.core.schema import MAX_BLOCKED, MAX_CELLS, MAX_NAMES, MAX_QUEUES, KernelSummary
+from nbcoord.core.text import bounded
 from nbcoord.server._text import NAME_CHARS, TEXT_CHARS, echoed
 
 #: The most devices, reasons or thread states a summary lists (more are cut).
@@ -61,7 +62,7 @@ def _number(value: object, path: str) -> float:
 def _name(value: object, path: str) -> str:
     if not isinstance(value, str):
         raise _fail(path, "a string", value)
-    return cut(value, NAME_CHARS)
+    return bounded(value, NAME_CHARS)
 
 
 def _optional(check: Check) -> Check:
@@ -84,7 +85,7 @@ def _counts(value: object, path: str) -> dict[str, int]:
     if not isinstance(value, Mapping):
         raise _fail(path, "an object of counts", value)
     return {
-        cut(str(key), NAME_CHARS): _count(count, f"{path}.{cut(str(key), 40)}")
+        bounded(str(key), NAME_CHARS): _count(count, f"{path}.{bounded(str(key), 40)}")
         for key, count in list(value.items())[:MAX_ENTRIES]
     }
 
@@ -152,13 +153,13 @@ MAX_DEPTH = 8
 def bounded_report(value: object, key: str = "", depth: int = 0) -> Any:
     """A copy of a kernel's stop report fit to send on: strings cut, non-finite numbers null, bounded depth."""
     if isinstance(value, str):
-        return cut(value, NAME_CHARS if key == "name" else TEXT_CHARS)
+        return bounded(value, NAME_CHARS if key == "name" else TEXT_CHARS)
     if value is None or isinstance(value, (bool, int, float)):
         return None if isinstance(value, float) and not math.isfinite(value) else value
     if depth >= MAX_DEPTH:
         return None
     if isinstance(value, Mapping):
-        return {cut(str(k), NAME_CHARS): bounded_report(v, str(k), depth + 1) for k, v in value.items()}
+        return {bounded(str(k), NAME_CHARS): bounded_report(v, str(k), depth + 1) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [bounded_report(item, key, depth + 1) for item in value]
-    return cut(str(value), TEXT_CHARS)
+    return bounded(str(value), TEXT_CHARS)

@@ -26,8 +26,7 @@ from __future__ import annotations
 import logging
 import traceback
 
-from nbcoord.core.schema import cut
-from nbcoord.core.text import NAME_CHARS, TEXT_CHARS, printable
+from nbcoord.core.text import NAME_CHARS, TEXT_CHARS, bounded, printable
 
 # The two lengths are the kernel side's (one definition): re-exported for the server's modules.
 __all__ = [
@@ -45,8 +44,8 @@ log = logging.getLogger("nbcoord.server")
 
 def shown(value: object, limit: int = NAME_CHARS) -> str:
     """A value from outside as one safe line for people: cut to ``limit`` characters (as the kernel's summary cuts,
-    :func:`nbcoord.core.schema.cut`), then escaped."""
-    return printable(cut(value, limit))
+    :func:`nbcoord.core.text.bounded`), then escaped."""
+    return printable(bounded(value, limit))
 
 
 def echoed(value: object) -> str:
@@ -87,7 +86,7 @@ class _EscapingFilter(logging.Filter):
             message = record.getMessage()
         except Exception:  # a bad format string is logging's own error to report
             return True
-        record.msg, record.args = printable(cut(message, LOG_CHARS)), ()
+        record.msg, record.args = printable(bounded(message, LOG_CHARS)), ()
         if record.exc_info and not record.exc_text:
             formatted = "".join(traceback.format_exception(*record.exc_info)).rstrip("\n")
             record.exc_text = printable(formatted, keep="\n")
