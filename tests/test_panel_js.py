@@ -1,15 +1,21 @@
-"""The panel's ES module alone, in a blank Chromium page, with a small fake anywidget model.
+"""The panel's ES module alone, in a blank Chromium page, with a small fake anywidget model; the server page's
+module alone with a fake fetch; and the build of both from js/src/.
 
 The module is served through ``page.route`` (Chromium refuses module imports from file://). Timers run on
 Playwright's fake clock, so the view's lease renewal (every 20 s), the idle figures, the acknowledgement deadline
 of a click and the "kernel busy" banners are checked without waiting. No Jupyter here: see test_browser.py for the
 real thing, where each point is checked again in JupyterLab and Notebook 7.
+
+js/panel.js and js/fleet.js are built (git-ignored) from js/src/ by js/build.mjs: tools/dev.py builds them before
+the tests, and a test here rebuilds them and compares, so the modules every browser test loads are the sources'.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -812,3 +818,147 @@ def idle_seconds(page: Any, tid: str) -> int:
     match = re.search(r"idle (\d+) s", text)
     assert match, text
     return int(match.group(1))
+
+
+# ------------------------------------------------------------------------------------------ build and sharing
+JS = REPO / "js"
+
+
+def test_the_built_modules_are_current(tmp_path: Path) -> None:
+    # The wheel ships js/panel.js and js/fleet.js, and every test loads them: they must be the build of js/src/.
+    if shutil.which("node") is None or not (REPO / "node_modules" / "esbuild").is_dir():
+        pytest.fail("the JS build needs node and `npm ci` (tools/dev.py test does both, then builds)")
+    subprocess.run(["node", str(JS / "build.mjs"), str(tmp_path)], check=True, cwd=REPO, timeout=120)
+    for name in ("panel.js", "fleet.js"):
+        built = (tmp_path / name).read_bytes()
+        assert (JS / name).read_bytes() == built, f"js/{name} is stale: run `npm run build` (or tools/dev.py test)"
+
+
+def test_the_shared_helpers_are_defined_once() -> None:
+    # Escaping, elements with escaped text, bytes, durations and plurals: one definition, used by both pages.
+    sources = {path: path.read_text(encoding="utf-8") for path in sorted((JS / "src").rglob("*.js"))}
+    for helper in ("safe", "h", "isNum", "bytes", "duration", "coarseDuration", "plural"):
+        defined = [path.relative_to(JS).as_posix() for path, text in sources.items()
+                   if re.search(rf"^(export )?function {helper}\(", text, re.M)]  # fmt: skip
+        assert defined == ["src/shared/text.js"], (helper, defined)
+    for page_module in ("src/panel/index.js", "src/fleet/index.js"):
+        assert 'from "../shared/text.js"' in sources[JS / page_module], page_module
+
+
+def test_the_section_registry_draws_every_trait_the_widget_syncs() -> None:
+    # A section is one draw module and one line in js/src/panel/sections.js, naming the traits it draws: every
+    # state trait of the widget is drawn by some section, and no section names a trait the widget lacks.
+    from nbcoord.panel.widget import STATE_TRAITS
+
+    script = (
+        f"import({json.dumps((JS / 'src' / 'panel' / 'sections.js').as_uri())}).then((m) => console.log("
+        "JSON.stringify({traits: m.TRAITS, sections: m.SECTIONS.map((s) => [s.name, s.traits])})))"
+    )
+    out = subprocess.run(["node", "-e", script], capture_output=True, text=True, timeout=60, check=True, cwd=REPO)
+    registry = json.loads(out.stdout)
+    drawn = {trait for _, traits in registry["sections"] for trait in traits}
+    assert drawn == set(STATE_TRAITS), sorted(drawn ^ set(STATE_TRAITS))
+    assert set(registry["traits"]) == {*STATE_TRAITS, "_fast_route"}
+    names = [name for name, _ in registry["sections"]]
+    assert len(names) == len(set(names)), names
+
+
+# -------------------------------------------------------------------------------------------- the server page
+FLEET_HARNESS = """<!doctype html>
+<html><head><meta charset="utf-8"></head><body>
+<main id="page"></main>
+<script type="module">
+import { render } from "/fleet.js";
+window.mountFleet = (view) => {
+  const fetch = async () => new Response(JSON.stringify(view), { headers: { "Content-Type": "application/json" } });
+  window.cleanupFleet = render(document.getElementById("page"), { baseUrl: "/", interval: 3600, fetch });
+  return true;
+};
+window.fleetReady = true;
+</script></body></html>"""
+
+
+def fleet_view(text: str) -> dict[str, Any]:
+    """The server's answer for two kernels, every string of which is ``text``."""
+    summary = {
+        "threads": 3,
+        "zombies": 1,
+        "threads_by_state": {"running": 2, "waiting": 1},
+        "zombie_reasons": {"cell-interrupted": 1},
+        "cells": [{"cell": 4, "threads": 2, "zombies": 1}],
+        "running_cell": 5,
+        "running_since": NOW - 30,
+        "blocked_runs": 1,
+        "blocked_seconds": 12.0,
+        "blocked": [{"text": text, "thread": text}],
+        "last_stop": {"scope": "all", "cell": None, "stopped": 1, "alive": 1, "alive_names": [text],
+                      "started_at": NOW - 60},
+    }  # fmt: skip
+    ok = {
+        "id": "0b5e6f3c-0000-4000-8000-000000000001",
+        "path": text,
+        "name": text,
+        "pid": 4242,
+        "status": "ok",
+        "attention": ["zombies"],
+        "error": None,
+        "execution_state": "busy",
+        "rss": 300 << 20,
+        "worker_processes": 0,
+        "gpu": [],
+        "answer_ms": 2.5,
+        "nbcoord": summary,
+    }
+    failing = {**ok, "id": "0b5e6f3c-0000-4000-8000-000000000002", "status": "error", "attention": [],
+               "error": text, "nbcoord": None}  # fmt: skip
+    return {"kernels": [ok, failing], "gpu": {"available": False, "reason": text}, "took_ms": 3.0, "taken_at": NOW}
+
+
+@pytest.fixture
+def fleet_page(browser: Any) -> Iterator[Any]:  # noqa: F811
+    module = (JS / "fleet.js").read_text(encoding="utf-8")
+    context = browser.new_context()
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+
+    def serve(route: Any) -> None:
+        path = route.request.url.removeprefix(ORIGIN)
+        if path == "/fleet.js":
+            route.fulfill(status=200, content_type="text/javascript", body=module)
+        elif path in ("/", "/index.html"):
+            route.fulfill(status=200, content_type="text/html", body=FLEET_HARNESS)
+        else:
+            route.fulfill(status=404, body="")
+
+    page.route(f"{ORIGIN}/**", serve)
+    page.goto(f"{ORIGIN}/index.html")
+    page.wait_for_function("window.fleetReady === true")
+    yield page
+    assert errors == []
+    context.close()
+
+
+def test_the_server_page_shows_bidi_and_control_characters_in_names_escaped(fleet_page: Any) -> None:
+    # The page's own escaping, whatever the server sent: a kernel or notebook name with a right-to-left override,
+    # a newline, a NUL and a zero-width joiner is shown as escapes, in the text and in every tooltip.
+    page = fleet_page
+    page.evaluate("(view) => window.mountFleet(view)", fleet_view(BIDI + HOSTILE))
+    page.locator("tr[data-kernel-id] .nbf-path").first.wait_for()
+    shown = "evil\\u202eexe.txt\\nnext\\u0000\\u200d" + HOSTILE
+    row = page.locator("tr[data-kernel-id='0b5e6f3c-0000-4000-8000-000000000001']")
+    assert row.locator(".nbf-path").text_content() == shown
+    assert row.locator(".nbf-path").get_attribute("title") == shown
+    assert shown in (row.locator(".nbf-id").text_content() or "")
+    failing = page.locator("tr[data-kernel-id='0b5e6f3c-0000-4000-8000-000000000002']")
+    assert shown in (failing.locator("[data-col=status]").text_content() or "")
+    assert failing.locator("[data-col=status]").get_attribute("title") == shown
+    assert shown in page.locator(".nbf-summary").inner_text()
+    assert page.locator("#page img").count() == 0
+    everything = page.evaluate(
+        """() => { const root = document.getElementById("page");
+        return [root.textContent, ...[...root.querySelectorAll("[title]")].map((n) => n.title)].join("|"); }"""
+    )
+    assert "\\u202e" in everything
+    assert not re.search("[\u202a-\u202e\u2066-\u2069\u200b-\u200f\x00-\x08]", everything)

@@ -94,6 +94,19 @@ def ensure_venv(env: Path, *packages: str) -> Path:
     return python_of(env)
 
 
+def build_js() -> None:
+    """js/panel.js and js/fleet.js (git-ignored), bundled from js/src/ by js/build.mjs with the esbuild that
+    package-lock.json pins; before any install, since the wheel and the editable install ship them."""
+    npm, node = shutil.which("npm"), shutil.which("node")
+    if npm is None or node is None:
+        sys.exit("The panel's and the server page's modules are built with Node.js: install node (20+) and npm.")
+    installed = ROOT / "node_modules" / ".package-lock.json"  # npm's record of what node_modules holds
+    lock = ROOT / "package-lock.json"
+    if not installed.exists() or installed.stat().st_mtime < lock.stat().st_mtime:
+        run(npm, "ci", "--no-audit", "--no-fund")
+    run(node, ROOT / "js" / "build.mjs")
+
+
 def version_of(python: Path | str) -> str | None:
     """``"3.10"`` for an interpreter that runs; None for one that does not.
 
@@ -221,6 +234,7 @@ def demo_notebooks() -> Path:
 
 
 def demo(args: argparse.Namespace) -> None:
+    build_js()
     python = ensure_venv(VENV, "-e", f"{ROOT}[demo]")
     folder = demo_notebooks()
     print(f"the demo opens working copies of notebooks/ in {folder.relative_to(ROOT)}/ (git-ignored)", flush=True)
@@ -241,6 +255,7 @@ def test(args: argparse.Namespace) -> None:
     kernel_pythons = find_kernel_pythons()
     ensure_chromium()
     ensure_prometheus()
+    build_js()
     python = ensure_venv(VENV, "-e", f"{ROOT}[test]")
     ensure_venv(VENV_IK6, *IK6_PACKAGES, "-e", str(ROOT))
     variables, summary, failures = prepare_kernel_pythons(kernel_pythons)
