@@ -40,7 +40,7 @@ threading.Thread(target=stubborn, name="flood-stubborn", daemon=True).start()
 WITH_NBCOORD = """
 %load_ext nbcoord
 import json, nbcoord
-from nbcoord.panel import panel as _panel
+from nbcoord.ui import panel as _panel
 target = nbcoord.panel()
 controller = nbcoord._extension.panel_controller()
 print(json.dumps({"comm_id": target.comm.comm_id, "route": target._fast_route["kind"]}))

@@ -53,7 +53,7 @@ SETUP = """
 %load_ext nbcoord
 import json, threading, time, ipykernel
 import nbcoord
-from nbcoord.panel import panel as _panel
+from nbcoord.ui import panel as _panel
 def workers(n, prefix):
     out = [threading.Thread(target=nbcoord.wait_for_stop, name=f"{prefix}-{i}", daemon=True) for i in range(n)]
     for t in out:

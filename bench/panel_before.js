@@ -1,6 +1,6 @@
 // @ts-check
 /**
- * nbcoord's live panel: the front end of nbcoord.panel.panel.NBCoordPanel (anywidget).
+ * nbcoord's live panel: the front end of nbcoord.ui.panel.NBCoordPanel (anywidget).
  *
  * State arrives in traits set by the kernel (header, threads, cells, queues, blocked, resources, failures,
  * history, last_stop, stack, clock, beat); this module only draws it and sends commands (stop, stack, view),
@@ -14,7 +14,7 @@
  */
 
 const SVG_NS = "http://www.w3.org/2000/svg";
-/** The kernel forgets a view that has not renewed for 60 s (nbcoord.panel.panel.VIEW_LEASE_S). */
+/** The kernel forgets a view that has not renewed for 60 s (nbcoord.ui.panel.VIEW_LEASE_S). */
 const RENEW_MS = 20000;
 const TICK_MS = 1000;
 const MAX_ROWS_PER_GROUP = 200;

@@ -1,6 +1,6 @@
 // The build of nbcoord's two ES modules, from the sources in js/src/ (esbuild, pinned in package.json):
 //
-//   js/src/panel/index.js -> js/panel.js   the panel (anywidget reads it as one module text: nbcoord/panel/widget.py)
+//   js/src/panel/index.js -> js/panel.js   the panel (anywidget reads it as one module text: nbcoord/ui/widget.py)
 //   js/src/fleet/index.js -> js/fleet.js   the server page's module (served by nbcoord/server/_handlers.py)
 //
 // The built files are git-ignored; the wheel ships them (pyproject's force-include), and tools/dev.py builds them

@@ -164,7 +164,7 @@ class Extension:
 
     def panel_controller(self) -> Any:
         """The panel's controller (one per kernel), created on first use."""
-        from nbcoord.panel.panel import PanelActions, controller_for
+        from nbcoord.ui.panel import PanelActions, controller_for
 
         actions = PanelActions(
             history=self.probe.history,

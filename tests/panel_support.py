@@ -27,8 +27,8 @@ SETUP = f"""
 %nbcoord config panel_interval={INTERVAL}
 import json, logging, threading, time
 import nbcoord
-from nbcoord.panel import panel as _panel
-from nbcoord.panel import commands as _panel_commands
+from nbcoord.ui import panel as _panel
+from nbcoord.ui import commands as _panel_commands
 log_lines = []
 class _Keep(logging.Handler):
     def emit(self, record):

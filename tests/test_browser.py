@@ -79,7 +79,7 @@ time.sleep(60)
 print("not reached")"""
 # Holds the GIL in one C call: no Python thread (the panel's sender included) runs meanwhile. Long enough for
 # the front end to miss three beats at the interval the sender announces, and more.
-NATIVE = """from nbcoord.panel import panel as _panel
+NATIVE = """from nbcoord.ui import panel as _panel
 _hold = 3 * nbcoord._extension.panel_controller()._wait() + 4
 def _took(n):
     t = time.perf_counter(); sum(range(n)); return time.perf_counter() - t

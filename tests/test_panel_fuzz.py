@@ -40,7 +40,7 @@ import pytest
 from helpers import wait_until
 from panel_support import REPO, PanelKernel
 
-from nbcoord.panel import commands as _panel_commands
+from nbcoord.ui import commands as _panel_commands
 
 pytestmark = pytest.mark.kernel
 

@@ -16,7 +16,6 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -849,9 +848,9 @@ def test_the_shared_helpers_are_defined_once() -> None:
 def test_the_section_registry_draws_every_trait_the_widget_syncs() -> None:
     # A section is one draw module and one line in js/src/panel/sections.js, naming the traits it draws: every
     # state trait of the widget is drawn by some section, and no section names a trait the widget lacks.
-    # In a child process: importing the package nbcoord.panel here would rebind the attribute nbcoord.panel.
-    traits = subprocess.run([sys.executable, "-c", "from nbcoord.panel.widget import STATE_TRAITS as t; print(*t)"],
-                            capture_output=True, text=True, timeout=60, check=True).stdout.split()  # fmt: skip
+    from nbcoord.ui.widget import STATE_TRAITS
+
+    traits = list(STATE_TRAITS)
     script = (
         f"import({json.dumps((JS / 'src' / 'panel' / 'sections.js').as_uri())}).then((m) => console.log("
         "JSON.stringify({traits: m.TRAITS, sections: m.SECTIONS.map((s) => [s.name, s.traits])})))"

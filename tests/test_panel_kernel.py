@@ -30,9 +30,9 @@ import pytest
 from helpers import wait_until
 from panel_support import IK6_PYTHON, INTERVAL, SETUP, PanelKernel, click, reported
 
-from nbcoord.panel import commands as _panel_commands
-from nbcoord.panel import panel as _panel
-from nbcoord.panel import sender as _panel_sender
+from nbcoord.ui import commands as _panel_commands
+from nbcoord.ui import panel as _panel
+from nbcoord.ui import sender as _panel_sender
 
 
 def _environments() -> list[Any]:
@@ -265,7 +265,7 @@ def test_malformed_and_foreign_commands_are_rejected_and_logged(pk: PanelKernel)
         other.on_msg(lambda msg: foreign_got.append(msg["content"]["data"]))
         target = workers("target", 1)
         target_tid = next(r["tid"] for r in nbcoord.snapshot()["threads"] if r["name"] == "target-0")
-        from nbcoord.panel import commands as _panel_commands
+        from nbcoord.ui import commands as _panel_commands
         rejections_before = _panel_commands.log_rejection.calls
         log_lines.clear()
         """
@@ -329,7 +329,7 @@ def test_a_panel_message_cannot_touch_the_kernels_threads(pk: PanelKernel) -> No
         kernel_threads = [r for r in nbcoord.snapshot()["threads"] if r["alive"] and not r["user"]]
         kernel_tids = [r["tid"] for r in kernel_threads]
         kernel_objects = [t for t in threading.enumerate() if t.name in {r["name"] for r in kernel_threads}]
-        from nbcoord.panel import commands as _panel_commands
+        from nbcoord.ui import commands as _panel_commands
         rejections_before = _panel_commands.log_rejection.calls
         last_before = nbcoord.snapshot()["last_stop"]
         """
@@ -765,7 +765,7 @@ def _row(tid: str, cell: int | None, zombie: str | None = None) -> dict[str, Any
 
 
 def test_counts_are_the_true_ones_however_many_rows_are_sent() -> None:
-    from nbcoord.panel import state as _panel_state
+    from nbcoord.ui import state as _panel_state
 
     threads = [_row(f"t{i}", 3) for i in range(2500)] + [_row("z", 2, "cell-interrupted")]
     item = {
@@ -811,7 +811,7 @@ def test_the_probes_thread_list_catching_up_changes_no_trait_when_the_header_cou
     """The probe lists the OS threads only at its full reads, seconds apart under its duty cap; the header's count
     is read at every update. A full read that catches up with threads started earlier must not be a change (an
     idle panel sent a resources update with nothing but this count in it)."""
-    from nbcoord.panel import state as _panel_state
+    from nbcoord.ui import state as _panel_state
 
     def resources(listed: int) -> dict[str, Any]:
         native = [{"native_id": i, "name": "python", "cpu_s": 0.0, "python_name": None} for i in range(listed)]
@@ -828,7 +828,7 @@ def test_the_probes_thread_list_catching_up_changes_no_trait_when_the_header_cou
 
 
 def test_identical_blocked_sentences_are_merged_with_a_count() -> None:
-    from nbcoord.panel import state as _panel_state
+    from nbcoord.ui import state as _panel_state
 
     rows = [
         {"text": "runner blocked 2.0 s in enqueue of queue `q`", "seconds": 2.0, "since": 98.0},
@@ -1009,7 +1009,7 @@ def test_reclaim_and_restart_answer_with_an_outcome(in_process: Any, monkeypatch
 def test_a_flood_of_clicks_is_acknowledged_in_few_messages_and_the_last_click_is_in_one() -> None:
     from types import SimpleNamespace
 
-    from nbcoord.panel.acks import ACKED_KEPT, Acknowledger
+    from nbcoord.ui.acks import ACKED_KEPT, Acknowledger
 
     sent: list[dict[str, Any]] = []
     acks = Acknowledger(lambda ack, _now: sent.append(ack))
@@ -1033,7 +1033,7 @@ def test_clicks_left_to_the_ordinary_route_in_a_flood_are_paced_and_the_worker_s
     # message at a time): each acknowledged at once made hundreds of messages (ipykernel 6's flood test, at random).
     from types import SimpleNamespace
 
-    from nbcoord.panel.acks import Acknowledger
+    from nbcoord.ui.acks import Acknowledger
 
     sent: list[dict[str, Any]] = []
     woken: list[float] = []
@@ -1052,7 +1052,7 @@ def test_a_held_acknowledgement_goes_out_when_the_spacing_has_passed_not_before(
     # sent 2,739 of them, each a message on iopub).
     from types import SimpleNamespace
 
-    from nbcoord.panel.acks import ACK_SPACING_S, Acknowledger
+    from nbcoord.ui.acks import ACK_SPACING_S, Acknowledger
 
     sent: list[dict[str, Any]] = []
     acks = Acknowledger(lambda ack, _now: sent.append(ack))
@@ -1116,7 +1116,7 @@ def test_a_click_for_one_stop_too_many_is_refused_with_its_reason() -> None:
 
 
 def test_reclaim_clicks_join_the_reclaim_that_waits_or_runs() -> None:
-    from nbcoord.panel.actions import Reclaims
+    from nbcoord.ui.actions import Reclaims
 
     scheduled: list[tuple[Callable[[], None], float]] = []
     done: list[list[str]] = []

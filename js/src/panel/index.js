@@ -1,13 +1,13 @@
 // @ts-check
 /**
- * nbcoord's live panel: the front end of nbcoord.panel.widget.NBCoordPanel (anywidget).
+ * nbcoord's live panel: the front end of nbcoord.ui.widget.NBCoordPanel (anywidget).
  *
  * State arrives in traits set by the kernel (header, threads, ledger, groups, cells, cell_memory, sessions,
  * queues, blocked, resources, failures, history, last_stop, outcome, stack, clock, beat, ack); this module only
  * draws it and sends commands (stop, restart, reclaim, stack, view), each with a click id. Every string from the
  * kernel is set with textContent, after control and bidirectional characters are shown escaped (`safe`):
  * nothing from the kernel is ever parsed as HTML, and no name can reorder the text around it. Names arrive cut
- * to 200 characters by the kernel (nbcoord.panel.state.NAME_CHARS), longer texts to 500.
+ * to 200 characters by the kernel (nbcoord.ui.state.NAME_CHARS), longer texts to 500.
  *
  * Drawing is keyed: each section has its own draw function, run only when a trait it shows changed; lists
  * (groups, rows, queues) keep one node per key and touch a node only when its data changed, so scroll

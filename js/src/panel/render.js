@@ -18,7 +18,7 @@ import { clockTime, idleText, sinceText } from "./words.js";
 /** The sections in drawing order. */
 const ALL_SECTIONS = SECTIONS.map((section) => section.name);
 
-/** The kernel forgets a view that has not renewed for 60 s (nbcoord.panel.panel.VIEW_LEASE_S). */
+/** The kernel forgets a view that has not renewed for 60 s (nbcoord.ui.panel.VIEW_LEASE_S). */
 const RENEW_MS = 20000;
 const TICK_MS = 1000;
 

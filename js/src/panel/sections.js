@@ -1,7 +1,7 @@
 // @ts-check
 /**
  * The panel's sections, registered in one place: each is one draw module under sections/ and the traits of
- * nbcoord.panel.widget.NBCoordPanel it shows. The view draws them in this order, and redraws a section only when
+ * nbcoord.ui.widget.NBCoordPanel it shows. The view draws them in this order, and redraws a section only when
  * one of its traits changed (or the view marks it: a click, a filter, the ticker).
  *
  * A new section: its module under sections/ (``(v: View) => Section``) and one line here. ``top`` sections sit

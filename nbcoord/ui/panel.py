@@ -53,9 +53,9 @@ from nbcoord.core.log import RateLimited, short
 from nbcoord.core.snapshot import creation_lines, format_stack
 from nbcoord.core.text import NAME_CHARS, TEXT_CHARS
 from nbcoord.kernel import fastcomm as _fastcomm
-from nbcoord.panel import actions as _panel_actions
-from nbcoord.panel.acks import Acknowledger
-from nbcoord.panel.commands import (
+from nbcoord.ui import actions as _panel_actions
+from nbcoord.ui.acks import Acknowledger
+from nbcoord.ui.commands import (
     ACTION_TYPES,
     COMMAND_TYPES,
     ClickLedger,
@@ -66,8 +66,8 @@ from nbcoord.panel.commands import (
     parse_command,
     reject,
 )
-from nbcoord.panel.sender import SENDER_THREAD_NAME, Sender, TraitSender
-from nbcoord.panel.state import (
+from nbcoord.ui.sender import SENDER_THREAD_NAME, Sender, TraitSender
+from nbcoord.ui.state import (
     _blocked_row,
     change_points,
     memory_close,
@@ -77,7 +77,7 @@ from nbcoord.panel.state import (
     restart_state,
     steady_resources,
 )
-from nbcoord.panel.widget import NBCoordPanel, esm_path
+from nbcoord.ui.widget import NBCoordPanel, esm_path
 
 __all__ = [
     "COMMAND_TYPES",

@@ -24,7 +24,7 @@ from typing import Any, Final
 
 from nbcoord.core.snapshot import LedgerRow, Snapshot, ThreadRow
 from nbcoord.core.text import NAME_CHARS, TEXT_CHARS, bounded
-from nbcoord.panel.commands import is_number
+from nbcoord.ui.commands import is_number
 
 HISTORY_POINTS: Final = 120
 HISTORY_WINDOW_S: Final = 600.0

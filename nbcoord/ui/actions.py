@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from nbcoord.panel.commands import Command
+from nbcoord.ui.commands import Command
 
 log = logging.getLogger("nbcoord")
 

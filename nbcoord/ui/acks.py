@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-from nbcoord.panel.commands import Command
+from nbcoord.ui.commands import Command
 
 __all__ = ["ACKED_KEPT", "ACK_SPACING_S", "Acknowledger"]
 

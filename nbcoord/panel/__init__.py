@@ -1,1 +1,0 @@
-"""The live panel: widget, state shaping, sender, commands, acknowledgements, actions."""

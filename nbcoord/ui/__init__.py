@@ -1,0 +1,1 @@
+"""The live panel (``nbcoord.panel()``): widget, state shaping, sender, commands, acknowledgements, actions."""
