@@ -132,5 +132,6 @@ def test_no_module_shadows_a_public_name() -> None:
     # API (nbcoord.panel) would replace the function the first time anything imports it.
     import nbcoord
 
-    modules = {path.stem for path in PACKAGE.glob("*.py")} | {path.parent.name for path in PACKAGE.glob("*/__init__.py")}
-    assert modules & set(nbcoord.__all__) == set()
+    modules = {path.stem for path in PACKAGE.glob("*.py")}
+    packages = {path.parent.name for path in PACKAGE.glob("*/__init__.py")}
+    assert (modules | packages) & set(nbcoord.__all__) == set()
