@@ -31,11 +31,12 @@ from IPython.utils.capture import capture_output
 
 import nbcoord
 from nbcoord.core.fallbacks import Fallbacks
-from nbcoord.ledger import internals, processes, tasks
+from nbcoord.ledger import internals, processes, task_cells, tasks
 from nbcoord.ledger import ledger as ledger_module
-from nbcoord.ledger.ledger import WorkerStop, wait_all
 from nbcoord.ledger.pools import PoolLedger
-from nbcoord.ledger.tasks import innermost_frames, make_factory
+from nbcoord.ledger.stopping import WorkerStop, wait_all
+from nbcoord.ledger.task_cells import make_factory
+from nbcoord.ledger.tasks import innermost_frames
 
 FORK = multiprocessing.get_context("fork")
 
@@ -204,7 +205,7 @@ def test_the_factory_chains_and_records_only_cells_tasks() -> None:
     async def main() -> None:
         asyncio.get_running_loop().set_task_factory(make_factory(users))
         await asyncio.create_task(work())  # no cell: not recorded
-        tasks._CELL.set(recorded.append)  # what a cell's start sets: that cell's recorder
+        task_cells.CELL.set(recorded.append)  # what a cell's start sets: that cell's recorder
         task = asyncio.create_task(work(), name="named")
         await task
         assert task.get_name() == "named"

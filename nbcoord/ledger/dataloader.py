@@ -29,11 +29,13 @@ from types import ModuleType
 from typing import Any
 
 from nbcoord.core.imports import when_imported
+from nbcoord.core.patches import ClassPatches
 from nbcoord.core.registry import CellInfo, Owner
 from nbcoord.core.snapshot import LedgerRow
 from nbcoord.core.stop import ItemOutcome, StopScope
 from nbcoord.ledger import internals
-from nbcoord.ledger.ledger import Ledger, Pending, WorkerStop, worker_pid, worker_state
+from nbcoord.ledger.base import Ledger
+from nbcoord.ledger.stopping import Pending, WorkerStop, worker_pid, worker_state
 
 log = logging.getLogger("nbcoord")
 
@@ -61,7 +63,8 @@ class LoaderLedger:
         self.ledger = ledger
         self._lock = threading.Lock()  # guards _iterators
         self._iterators: dict[int, _Iterator] = {}
-        self._restore: Callable[[], None] | None = None
+        #: ``DataLoader.__iter__`` wrapped, restored exactly at unload.
+        self._patches = ClassPatches()
         self._iterator_class: type | None = None
 
     def install(self, module: ModuleType) -> bool:
@@ -70,36 +73,25 @@ class LoaderLedger:
         self._iterator_class = internals.loader_iterator_class(module)
         if not isinstance(loader_class, type) or "__iter__" not in vars(loader_class) or self._iterator_class is None:
             return False
-        original = vars(loader_class)["__iter__"]
         kind = self
 
-        def __iter__(loader: Any) -> Any:
-            iterator = original(loader)
-            if kind.ledger.active and isinstance(iterator, kind._iterator_class or ()):
-                try:
-                    kind.seen(iterator, loader)
-                except Exception:
-                    log.warning("nbcoord: could not register a DataLoader iterator", exc_info=True)
-            return iterator
+        def wrap(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
+            def __iter__(loader: Any) -> Any:
+                iterator = original(loader)
+                if kind.ledger.active and isinstance(iterator, kind._iterator_class or ()):
+                    try:
+                        kind.seen(iterator, loader)
+                    except Exception:
+                        log.warning("nbcoord: could not register a DataLoader iterator", exc_info=True)
+                return iterator
 
-        __iter__.__wrapped__ = original  # type: ignore[attr-defined]
-        __iter__.__qualname__ = getattr(original, "__qualname__", "__iter__")
-        __iter__.__doc__ = getattr(original, "__doc__", None)
-        loader_class.__iter__ = __iter__  # type: ignore[attr-defined]
+            return __iter__
 
-        def restore() -> None:
-            if vars(loader_class).get("__iter__") is __iter__:
-                loader_class.__iter__ = original  # type: ignore[attr-defined]
-            else:
-                log.warning("nbcoord: DataLoader.__iter__ was patched again after nbcoord; leaving it")
-
-        self._restore = restore
+        self._patches.patch(loader_class, "__iter__", wrap)
         return True
 
     def uninstall(self) -> None:
-        restore, self._restore = self._restore, None
-        if restore is not None:
-            restore()
+        self._patches.restore()
         with self._lock:
             self._iterators.clear()
 
@@ -124,7 +116,7 @@ class LoaderLedger:
     def _own_thread(self, entry: _Iterator, iterator: Any) -> None:
         """The pin-memory thread and the queues' feeder threads get the iterator as their owner."""
         pin = internals.loader_pin_memory_thread(iterator)
-        feeders = internals.queue_feeder_threads(iterator, ("_index_queues", "_worker_result_queue"))
+        feeders = internals.loader_feeder_threads(iterator)
         for thread in ([pin] if pin is not None else []) + feeders:
             if id(thread) in entry.owned or thread.ident is None:
                 continue

@@ -4,7 +4,7 @@ with its fallback.
 Each accessor looks its internal up when called, never at import time, and never imports the library: it is
 handed the library's object. When the internal is missing (another release), the accessor says what the ledger
 does instead; :func:`degraded` lists what fell back, for the report. Tests remove each internal and check the
-fallback (tests/test_ledger_units.py).
+fallback (tests/test_ledger_units.py, tests/test_ledger_internals.py).
 
 Public API is used wherever the libraries have one: ``loop.set_task_factory`` / ``get_task_factory``,
 ``asyncio.Task.cancel`` / ``cancelling`` / ``get_coro`` / ``get_loop``, coroutine objects' ``cr_await`` /
@@ -29,11 +29,27 @@ Public API is used wherever the libraries have one: ``loop.set_task_factory`` / 
   an executor counts as running while a worker is.
 - ``ProcessPoolExecutor._executor_manager_thread`` (and loky's): the executor's manager thread, which gets the
   executor as its owner. Fallback: listed without its owner.
+- ``ProcessPoolExecutor._max_workers`` (and loky's): how many workers an executor may start, for its label.
+  Fallback: the label names no number of workers.
+- ``ProcessPoolExecutor._call_queue`` (and loky's): the queue whose feeder thread gets the executor as its owner.
+  Fallback: that thread is listed without its owner.
+- loky's ``_ReusablePoolExecutor`` (and joblib's ``MemmappingExecutor``): the reusable executor's class, by name,
+  for its label. Fallback (a renamed class): the label names the class as it is called.
+- ``multiprocessing.Queue._thread``: a queue's feeder thread. Fallback: listed without its owner.
 - PyTorch's ``_MultiProcessingDataLoaderIter`` with ``_workers``, ``_shutdown``, ``_shutdown_workers``,
   ``_pin_memory_thread``, ``_num_workers``, ``_persistent_workers``: a DataLoader iterator's workers, whether it
   was shut down, its own shutdown (workers and pin-memory thread), and its settings. Fallback: an iterator
   without ``_workers`` is not put in the ledger (its workers are still child processes of the cell, which the
   stop signals); without ``_shutdown_workers`` a stop terminates its workers through ``multiprocessing``.
+- ``_MultiProcessingDataLoaderIter._index_queues`` and ``_worker_result_queue``: the queues whose feeder threads
+  get the iterator as their owner. Fallback: those threads are listed without their owner.
+- ``torch.utils.data._utils.signal_handling._remove_worker_pids`` (and the iterator's ``_worker_pids_set``): taking
+  an iterator's workers out of PyTorch's SIGCHLD check before nbcoord signals them. Fallback: they are signalled
+  anyway (PyTorch's handler may then raise).
+- The kernel-wide helpers' singletons (``multiprocessing.resource_tracker._resource_tracker`` with ``_pid``,
+  ``_fd``, ``_lock``; ``multiprocessing.forkserver._forkserver`` with ``_forkserver_pid``, ``_stop``; loky's
+  resource tracker): their pids, and how to end them at shutdown. Fallback: not told apart from a cell's
+  processes; at shutdown killed without their clean-up.
 """
 
 from __future__ import annotations
@@ -161,6 +177,30 @@ def executor_threads(executor: Any) -> list[threading.Thread]:
     return []
 
 
+def executor_max_workers(executor: Any) -> int | None:
+    """How many workers a process pool executor may start (``concurrent.futures``' or loky's); None: not known."""
+    if not hasattr(executor, "_max_workers"):
+        _fall_back("ProcessPoolExecutor._max_workers", "an executor's label names no number of workers")
+        return None
+    workers = executor._max_workers
+    return workers if isinstance(workers, int) else None
+
+
+def executor_feeder_threads(executor: Any) -> list[threading.Thread]:
+    """The feeder thread of a process pool executor's call queue (none before its first submit, or after its
+    shutdown). Fallback: listed without the executor as its owner."""
+    if not hasattr(executor, "_call_queue"):
+        _fall_back("ProcessPoolExecutor._call_queue", "an executor's queue feeder thread is listed without its owner")
+        return []
+    return queue_feeder_threads(executor, ("_call_queue",))
+
+
+def loky_reusable(cls: type) -> bool:
+    """Whether ``cls`` is loky's reusable executor or joblib's executor built on it (by the class's name: nbcoord
+    imports neither). A renamed class is not recognised: its label then names it as it is called."""
+    return cls.__name__ in ("_ReusablePoolExecutor", "MemmappingExecutor")
+
+
 def queue_feeder_threads(owner: Any, names: tuple[str, ...]) -> list[threading.Thread]:
     """The feeder threads of the ``multiprocessing`` queues an object holds under ``names`` (a queue, or a list of
     them): they get the object as their owner. Fallback: listed without it."""
@@ -223,6 +263,18 @@ def loader_shutdown_method(iterator: Any) -> Any:
         "a stop terminates DataLoader workers through multiprocessing instead of PyTorch's own shutdown",
     )
     return None
+
+
+def loader_feeder_threads(iterator: Any) -> list[threading.Thread]:
+    """The feeder threads of a DataLoader iterator's index queues and result queue. Fallback: listed without the
+    iterator as their owner."""
+    names = ("_index_queues", "_worker_result_queue")
+    if not all(hasattr(iterator, name) for name in names):
+        _fall_back(
+            "_MultiProcessingDataLoaderIter._index_queues / _worker_result_queue",
+            "a DataLoader's queue feeder threads are listed without the iterator as their owner",
+        )
+    return queue_feeder_threads(iterator, names)
 
 
 def loader_pin_memory_thread(iterator: Any) -> threading.Thread | None:

@@ -7,7 +7,7 @@ the pool's ``__init__`` is wrapped on its class (restored exactly at unload), an
 or by a thread a cell started, is that cell's. Pools are held by weak reference. A pool's own threads (a
 ``multiprocessing`` pool's handlers, an executor's manager thread) get the pool as their owner in the registry.
 
-How each is stopped, in a helper thread (see :class:`nbcoord.ledger.ledger.WorkerStop` for the signals that
+How each is stopped, in a helper thread (see :class:`nbcoord.ledger.stopping.WorkerStop` for the signals that
 follow when that leaves a worker alive):
 
 - ``multiprocessing.Pool`` (and ``ThreadPool``): ``terminate()``;
@@ -29,11 +29,13 @@ from types import ModuleType
 from typing import Any
 
 from nbcoord.core.imports import when_imported
+from nbcoord.core.patches import ClassPatches
 from nbcoord.core.registry import CellInfo, Owner
 from nbcoord.core.snapshot import LedgerRow
 from nbcoord.core.stop import ItemOutcome, StopScope
 from nbcoord.ledger import internals
-from nbcoord.ledger.ledger import Ledger, Pending, WorkerStop, worker_pid, worker_state
+from nbcoord.ledger.base import Ledger
+from nbcoord.ledger.stopping import Pending, WorkerStop, worker_pid, worker_state
 
 log = logging.getLogger("nbcoord")
 
@@ -70,7 +72,8 @@ class PoolLedger:
         self.ledger = ledger
         self._lock = threading.Lock()  # guards _pools
         self._pools: dict[int, _Pool] = {}
-        self._restore: list[Callable[[], None]] = []
+        #: The wrapped constructors, restored exactly at unload.
+        self._patches = ClassPatches()
 
     # ---------------------------------------------------------------------------------- install / undo
     def patch(self, module: ModuleType, class_name: str, flavour: str) -> None:
@@ -79,33 +82,23 @@ class PoolLedger:
         if not isinstance(cls, type) or "__init__" not in vars(cls):
             log.info("nbcoord: %s.%s not found: its pools are not in the ledger", module.__name__, class_name)
             return
-        original = vars(cls)["__init__"]
         kind = self
 
-        def __init__(pool: Any, *args: Any, **kwargs: Any) -> None:
-            original(pool, *args, **kwargs)
-            if kind.ledger.active:
-                try:
-                    kind.created(pool, flavour)
-                except Exception:
-                    log.warning("nbcoord: could not register a pool", exc_info=True)
+        def wrap(original: Callable[..., None]) -> Callable[..., None]:
+            def __init__(pool: Any, *args: Any, **kwargs: Any) -> None:
+                original(pool, *args, **kwargs)
+                if kind.ledger.active:
+                    try:
+                        kind.created(pool, flavour)
+                    except Exception:
+                        log.warning("nbcoord: could not register a pool", exc_info=True)
 
-        __init__.__wrapped__ = original  # type: ignore[attr-defined]
-        __init__.__qualname__ = getattr(original, "__qualname__", "__init__")
-        __init__.__doc__ = getattr(original, "__doc__", None)
-        cls.__init__ = __init__  # type: ignore[misc]
+            return __init__
 
-        def restore() -> None:
-            if vars(cls).get("__init__") is __init__:
-                cls.__init__ = original  # type: ignore[misc]
-            else:
-                log.warning("nbcoord: %s.__init__ was patched again after nbcoord; leaving it", cls.__qualname__)
-
-        self._restore.append(restore)
+        self._patches.patch(cls, "__init__", wrap)
 
     def uninstall(self) -> None:
-        while self._restore:
-            self._restore.pop()()
+        self._patches.restore()
         with self._lock:
             self._pools.clear()
 
@@ -129,7 +122,7 @@ class PoolLedger:
         if entry.flavour == "multiprocessing":
             threads = internals.pool_threads(pool)
         else:
-            threads = internals.executor_threads(pool) + internals.queue_feeder_threads(pool, ("_call_queue",))
+            threads = internals.executor_threads(pool) + internals.executor_feeder_threads(pool)
         for thread in threads:
             if id(thread) in entry.owned or thread.ident is None:
                 continue
@@ -263,14 +256,14 @@ def _label(pool: Any, flavour: str) -> str:
         what = "ThreadPool" if cls.__name__ == "ThreadPool" else "Pool"
         unit = "threads" if what == "ThreadPool" else "workers"
         return f"multiprocessing.{what}, {len(internals.pool_workers(pool))} {unit}"
-    workers: object = getattr(pool, "_max_workers", None)
+    workers = internals.executor_max_workers(pool)
     if flavour == "futures":
         name = f"concurrent.futures.{cls.__name__}"
-    elif cls.__name__ in ("_ReusablePoolExecutor", "MemmappingExecutor"):
+    elif internals.loky_reusable(cls):
         name = "joblib's reusable loky executor" if cls.__module__.startswith("joblib") else "loky reusable executor"
     else:
         name = f"loky {cls.__name__}"
-    return f"{name}, {workers} workers" if isinstance(workers, int) else name
+    return f"{name}, {workers} workers" if workers is not None else name
 
 
 def _stop_api(pool: Any, flavour: str) -> tuple[str, Callable[[], None]]:

@@ -42,7 +42,8 @@ from nbcoord.core.registry import CellInfo
 from nbcoord.core.snapshot import LedgerRow
 from nbcoord.core.stop import ItemOutcome, StopScope
 from nbcoord.ledger import internals
-from nbcoord.ledger.ledger import Ledger, Pending, WorkerStop
+from nbcoord.ledger.base import Ledger
+from nbcoord.ledger.stopping import Pending, WorkerStop
 from nbcoord.resources.probes import CellWindow, cell_for_time, format_bytes
 
 log = logging.getLogger("nbcoord")
@@ -428,12 +429,15 @@ def _exists(pid: int) -> bool:
 
 
 def watch(ledger: Ledger) -> Callable[[], None]:
-    """The process tree is always there (psutil is nbcoord's own dependency)."""
+    """The process tree is always there (psutil is nbcoord's own dependency). The kernel-wide helper processes are
+    no cell's: the stop's signals leave them."""
     kind = ProcessLedger(ledger)
+    remove_spared = ledger.host.add_spared_children("ledger", spared_pids)
     remove = ledger.add_kind(kind)
 
     def undo() -> None:
         remove()
+        remove_spared()
         kind.uninstall()
 
     return undo

@@ -3,10 +3,8 @@ and the one stop cancels it and awaits it within the grace period.
 
 Attribution happens when a task is created, through public API only:
 
-- **Which cell.** A context variable holds the running cell: set when a cell starts (in the cell's own context,
-  so the cell's code sees it) and cleared when it ends. A task copies its creator's context when it is created,
-  so a task created by a cell, or by a task of that cell, or by a callback a cell scheduled, belongs to that cell,
-  whatever runs when it is created; the kernel's own tasks, created outside any cell, belong to none.
+- **Which cell.** A context variable holds the running cell, and a task copies its creator's context (see
+  :mod:`nbcoord.ledger.task_cells`); the kernel's own tasks, created outside any cell, belong to none.
 - **Which loops.** The kernel's event loop is the loop running the cells (ipykernel 6 and 7 both run the shell's
   handlers on the main thread's asyncio loop, through tornado; 7 wraps each handler in a task of one persistent
   context, 6 runs them in one long dispatch task): it is found at the first cell, as the running loop. Loops that
@@ -20,63 +18,42 @@ Attribution happens when a task is created, through public API only:
   factory is installed (on 3.13.0 any task factory makes ``create_task`` rename its tasks "None").
   On Python 3.10 and 3.11 a task does not tell its context, so each of those loops gets a task factory
   (``loop.set_task_factory``), chained with the one it had; unload puts that one back exactly (a factory someone
-  installed over nbcoord's stays, chained to it). The cell variable's value is the cell's own recorder (the
-  ``append`` of a bounded queue of that cell's new tasks), and the factory calls it when one is set, and does
+  installed over nbcoord's stays, chained to it). The factory calls the cell's recorder when one is set, and does
   nothing else: the registration (an id, a weak reference) is made at the next look, for tasks still running by
   then (most tasks have ended; they cost the append alone).
 
 A task's age counts from that first look (the monitor looks every ``monitor_interval``, 1 s by default).
 
-What a stop does: tasks in scope are cancelled (``task.cancel(msg=...)``) on their own loop, from the loop's thread
-(``call_soon_threadsafe``), and awaited until the deadline; a task still running then swallowed the
-``CancelledError`` or is still cleaning up, and is reported with the line it waits on. A stop that runs on the
-loop's own thread (``%nbcoord stop`` in a cell runs on the kernel's loop) can only request the cancellation: the
-task receives it once the cell hands the loop back, which the report says.
+What a stop does: tasks in scope are cancelled on their own loop, from the loop's thread, and awaited until the
+deadline (see :mod:`nbcoord.ledger.task_cancel`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 import os
 import sys
 import threading
 import time
 import weakref
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+from nbcoord.core.patches import ClassPatches
 from nbcoord.core.registry import CellInfo
 from nbcoord.core.snapshot import LedgerRow, code_location
-from nbcoord.core.stop import ItemOutcome, StopScope
+from nbcoord.core.stop import StopScope
 from nbcoord.ledger import internals
-from nbcoord.ledger.ledger import Ledger, Pending
+from nbcoord.ledger.base import Ledger
+from nbcoord.ledger.stopping import Pending
+from nbcoord.ledger.task_cancel import Delivery, TaskStop, cancel_requested
+from nbcoord.ledger.task_cells import CELL, CellQueue, Factory, make_factory
 
 log = logging.getLogger("nbcoord")
 
-#: How many new tasks of one cell wait for the next look at most.
-PENDING_MAX = 1 << 16
-
-
-class CellQueue(deque):  # type: ignore[type-arg]
-    """A cell's new tasks, waiting to be registered (Python 3.10-3.11). Bounded, so that a factory nobody drains
-    (left in a chain after unload, or in a forked child) cannot grow without end: a burst beyond it between two
-    looks loses its oldest tasks."""
-
-    __slots__ = ("cell",)
-
-    def __init__(self, cell: CellInfo) -> None:
-        super().__init__(maxlen=PENDING_MAX)
-        self.cell = cell
-
-
-#: The running cell, in the context of the cell's code: the ``append`` of the cell's CellQueue (the task factory
-#: calls it as it is, at C speed; ``__self__.cell`` is the cell, whose number can still change while it runs).
-_CELL: contextvars.ContextVar[Callable[[Any], None] | None] = contextvars.ContextVar("nbcoord_cell", default=None)
 #: Cells whose queues are kept besides those with live tasks (a task of an older cell that creates more tasks is
 #: still attributed while its cell has a live task; see TaskLedger._prune_queues).
 RECENT_QUEUES = 100
@@ -84,16 +61,12 @@ RECENT_QUEUES = 100
 QUEUE_SLACK = 20
 #: Whether tasks tell their context (Python 3.12+): then no task factory is needed.
 READ_CONTEXT = hasattr(asyncio.Task, "get_context")
-#: The message of nbcoord's cancellations (``CancelledError.args``), so that the task's code can tell.
-CANCEL_MESSAGE = "nbcoord: stopped"
 #: Rows per snapshot at most (the report lists them all).
 MAX_ROWS = 1000
 #: How deep the chain of awaited coroutines is followed to find where a task waits.
 AWAIT_DEPTH = 64
 #: Packages whose coroutines are the kernel's own, never a cell's (a task of theirs is never listed or stopped).
 KERNEL_PACKAGES = ("ipykernel", "tornado", "zmq", "jupyter_client", "comm", "IPython", "nbcoord")
-
-Factory = Callable[..., "asyncio.Future[Any]"]
 
 
 @dataclass(slots=True)
@@ -116,43 +89,6 @@ class _Attached:
     factory: Factory | None  # None: no factory needed (Python 3.12+)
     kernel: bool  # the kernel's own loop (the one running the cells)
     thread: str  # the thread it was attached from
-
-
-def make_factory(previous: Factory | None) -> Factory:
-    """A task factory that creates the task as ``previous`` would (or as the loop does without one), then hands it
-    to the recorder of the cell whose context creates it, if any. As cheap as it can be: it runs for every task.
-
-    Its signature is that of the Pythons that use it (3.10-3.11): ``create_task`` passes ``context`` only when it
-    was given one (and then the factory passes it on), as it does for any factory."""
-    get_recorder = _CELL.get
-    task_class = asyncio.Task
-
-    if previous is None:
-
-        def factory(loop: asyncio.AbstractEventLoop, coro: Any, context: Any = None) -> asyncio.Future[Any]:
-            # The keyword only when given: 3.10's Task takes no context, and a call without it is the fast one.
-            task = (
-                task_class(coro, loop=loop)
-                if context is None
-                else task_class(coro, loop=loop, context=context)  # type: ignore[call-arg]
-            )
-            record = get_recorder()
-            if record is not None:
-                record(task)
-            return task
-
-    else:
-        chained = previous
-
-        def factory(loop: asyncio.AbstractEventLoop, coro: Any, context: Any = None) -> asyncio.Future[Any]:
-            task = chained(loop, coro) if context is None else chained(loop, coro, context=context)
-            record = get_recorder()
-            if record is not None:
-                record(task)
-            return task
-
-    factory.__qualname__ = factory.__name__ = "nbcoord_task_factory"
-    return factory
 
 
 def innermost_frames(coro: Any) -> list[FrameType]:
@@ -183,8 +119,9 @@ class TaskLedger:
         self._attached: dict[int, _Attached] = {}
         #: True after unload and in a forked child: new loops are not watched.
         self._inert = False
+        #: The event loop policy watched, and its ``new_event_loop`` wrapped on the instance (restored exactly).
         self._policy: Any = None
-        self._new_event_loop: Callable[[], asyncio.AbstractEventLoop] | None = None
+        self._policy_patch = ClassPatches()
         self._kernel_dirs: tuple[str, ...] = ()
 
     # ---------------------------------------------------------------------------------- install / undo
@@ -196,7 +133,7 @@ class TaskLedger:
             # Loaded by %load_ext in a cell: that cell's code is running in this context, on the kernel's loop.
             current = self.ledger.registry.current_cell()
             if current is not None:
-                _CELL.set(self.queue_of(current).append)
+                CELL.set(self.queue_of(current).append)
             self._attach_running_loop()
 
     def uninstall(self) -> None:
@@ -220,7 +157,7 @@ class TaskLedger:
                 log.info("nbcoord: a task factory was installed over nbcoord's; nbcoord's stays in its chain")
         self._unwatch_policy()
         if threading.current_thread() is threading.main_thread():
-            _CELL.set(None)  # unloaded in a cell: the rest of it is nobody's
+            CELL.set(None)  # unloaded in a cell: the rest of it is nobody's
 
     def forget_in_child(self) -> None:
         """In a forked child: new loops are not watched (a factory's queue is bounded). Takes no lock."""
@@ -229,13 +166,13 @@ class TaskLedger:
     def cell_event(self, event: str, cell: CellInfo) -> None:
         """The cell variable follows the running cell; the kernel's loop is found at the first cell."""
         if event == "started":
-            _CELL.set(self.queue_of(cell).append)
+            CELL.set(self.queue_of(cell).append)
             self._attach_running_loop()
             if self._policy is not None and internals.event_loop_policy() is not self._policy:
                 self._unwatch_policy()  # the user installed another policy (uvloop's): watch that one
                 self._watch_policy()
         else:
-            _CELL.set(None)
+            CELL.set(None)
 
     def queue_of(self, cell: CellInfo) -> CellQueue:
         """The cell's queue of new tasks, made on first use (one per cell; the dict keeps them in order)."""
@@ -297,43 +234,46 @@ class TaskLedger:
         """Watch ``new_event_loop`` on the policy instance (an instance attribute: the class stays as it was)."""
         try:
             policy = internals.event_loop_policy()
-            original = policy.new_event_loop
+            if not callable(policy.new_event_loop):
+                raise TypeError(f"{type(policy).__name__}.new_event_loop cannot be called")
         except Exception:
             log.warning("nbcoord: loops made by cells' threads cannot be watched", exc_info=True)
             return
+        kind = self
 
-        def new_event_loop() -> asyncio.AbstractEventLoop:
-            loop: asyncio.AbstractEventLoop = original()
-            if not self._inert:
-                try:
-                    self._loop_made(loop)
-                except Exception:
-                    log.warning("nbcoord: could not watch a new event loop", exc_info=True)
-            return loop
+        def wrap(original: Callable[[], asyncio.AbstractEventLoop]) -> Callable[[], asyncio.AbstractEventLoop]:
+            def new_event_loop() -> asyncio.AbstractEventLoop:
+                loop: asyncio.AbstractEventLoop = original()
+                if not kind._inert:
+                    try:
+                        kind._loop_made(loop)
+                    except Exception:
+                        log.warning("nbcoord: could not watch a new event loop", exc_info=True)
+                return loop
+
+            return new_event_loop
 
         try:
-            policy.new_event_loop = new_event_loop
+            self._policy_patch.patch_instance(policy, "new_event_loop", wrap)
         except (AttributeError, TypeError):
             log.info("nbcoord: the event loop policy %r takes no attributes: loops of cells' threads not watched",
                      type(policy).__name__)
             return
-        self._policy, self._new_event_loop = policy, new_event_loop
+        self._policy = policy
 
     def _unwatch_policy(self) -> None:
-        policy, wrapper = self._policy, self._new_event_loop
-        self._policy = self._new_event_loop = None
-        if policy is not None and vars(policy).get("new_event_loop") is wrapper:
-            del policy.new_event_loop
+        self._policy = None
+        self._policy_patch.restore()
 
     def _loop_made(self, loop: asyncio.AbstractEventLoop) -> None:
         """A loop made while a cell (or a thread a cell started) runs is that cell's to fill with tasks."""
-        recorder = _CELL.get()
+        recorder = CELL.get()
         if recorder is None and threading.current_thread() is not threading.main_thread():
             cell = self.ledger.cell_of_caller()
             if cell is not None:
                 # This thread's own context (asyncio.run copies it for its tasks): the thread is that cell's.
                 recorder = self.queue_of(cell).append
-                _CELL.set(recorder)
+                CELL.set(recorder)
         if recorder is not None:
             self.attach(loop, kernel=False)
 
@@ -368,7 +308,7 @@ class TaskLedger:
                     known = self._entries.get(id(task))
                     if known is not None and known.ref() is task:
                         continue
-                    recorder = task.get_context().get(_CELL)  # type: ignore[attr-defined]
+                    recorder = task.get_context().get(CELL)  # type: ignore[attr-defined]
                     if recorder is None or task.done() or self._kernels_own(task):
                         continue
                     cell = recorder.__self__.cell
@@ -441,7 +381,7 @@ class TaskLedger:
             coro = task.get_coro()
             name = task.get_name()
             qualname = getattr(coro, "__qualname__", type(coro).__name__)
-            cancelling = entry.stop_requested_at is not None or _cancel_requested(task)
+            cancelling = entry.stop_requested_at is not None or cancel_requested(task)
             state = "cancelling" if cancelling else ("running" if getattr(coro, "cr_running", False) else "waiting")
             detail = [f"waits at {w}" if (w := self.where(task)) else "", self._loop_words(task.get_loop())]
             if entry.stop_requested_at is not None:
@@ -476,115 +416,10 @@ class TaskLedger:
             for entry, _task in items:
                 if entry.stop_requested_at is None:
                     entry.stop_requested_at = now
-            delivery = _Delivery(loop, [task for _entry, task in items])
-            pending += [_TaskStop(self, entry, task, delivery) for entry, task in items]
+            delivery = Delivery(loop, [task for _entry, task in items])
+            pending += [TaskStop(entry.id, entry.cell, task, delivery, self.where) for entry, task in items]
         return pending
 
-
-def _cancel_requested(task: asyncio.Task[Any]) -> bool:
-    cancelling = getattr(task, "cancelling", None)  # Python 3.11+
-    if cancelling is not None:
-        return bool(cancelling())
-    return internals.cancel_delivered(task) is False
-
-
-class _Delivery:
-    """The cancellation of a loop's tasks in scope, from the loop's own thread where it runs."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, tasks: list[asyncio.Task[Any]]) -> None:
-        self.loop = loop
-        #: Set by the loop's thread once it ran the cancellation.
-        self.ran = threading.Event()
-        self.how = "scheduled"
-        try:
-            asyncio.get_running_loop()
-            same_thread = asyncio.get_running_loop() is loop
-        except RuntimeError:
-            same_thread = False
-        if same_thread:
-            self.how = "same-thread"  # the caller runs on this loop: it cannot wait for it
-            self._cancel(tasks)
-        elif loop.is_running():
-            try:
-                loop.call_soon_threadsafe(self._cancel, tasks)
-            except RuntimeError:  # closed meanwhile
-                self.how = "closed"
-        else:
-            self.how = "not-running"  # nobody runs it now, so cancelling from here races with no one
-            self._cancel(tasks)
-
-    def _cancel(self, tasks: list[asyncio.Task[Any]]) -> None:
-        for task in tasks:
-            if not task.done():
-                task.cancel(msg=CANCEL_MESSAGE)
-        self.ran.set()
-
-
-class _TaskStop:
-    """One task being stopped.
-
-    It is waited for at most ``WAIT_SHARE`` of the stop's time (a task that swallows the cancellation must not
-    take the time other kinds and the threads' join need; at shutdown it ends with the process anyway), and not
-    at all once its loop has shown it is busy (it did not run the cancellation within ``BUSY_AFTER_S``: a cell
-    holds it, and the cancellation happens when that cell returns).
-    """
-
-    WAIT_SHARE = 0.5
-    BUSY_AFTER_S = 0.1
-
-    def __init__(self, kind: TaskLedger, entry: _Entry, task: asyncio.Task[Any], delivery: _Delivery) -> None:
-        self.kind, self.entry, self.task, self.delivery = kind, entry, task, delivery
-
-    def poll(self, now: float, started: float, deadline: float) -> bool:
-        if self.task.done() or self.delivery.how != "scheduled":
-            return True
-        window = max(0.0, deadline - started)
-        if not self.delivery.ran.is_set() and now - started >= min(self.BUSY_AFTER_S, window * self.WAIT_SHARE):
-            return True  # its loop is busy: waiting longer would only take the other kinds' time
-        return now >= started + window * self.WAIT_SHARE
-
-    def outcome(self) -> ItemOutcome:
-        task = self.task
-        label = f"asyncio task {task.get_name()}"
-        if task.done():
-            reason = "cancelled" if task.cancelled() else "ended while being cancelled"
-            return self._outcome(label, True, reason)
-        where = self.kind.where(task)
-        at = f"; it waits at {where}" if where else ""
-        how = self.delivery.how
-        if how == "same-thread":
-            reason = (
-                "cancel requested: it ends once this cell returns, when the event loop runs again (the stop ran "
-                "in a cell on that loop, which cannot run tasks meanwhile)"
-            )
-        elif how == "not-running":
-            reason = f"cancelled, but its event loop is not running: it ends if the loop runs again{at}"
-        elif how == "closed":
-            reason = "its event loop closed while being stopped"
-        elif not self.delivery.ran.is_set():
-            reason = (
-                "cancel requested: its event loop is busy (a cell is running, or a call blocks it); the task ends "
-                f"when the loop runs again{at}"
-            )
-        else:
-            delivered = internals.cancel_delivered(task)
-            if delivered:
-                reason = f"swallowed the CancelledError (or is still cleaning up){at}"
-            elif delivered is None:
-                reason = f"still running after the cancellation{at}"
-            else:
-                reason = f"cancelled, but it has not run since (its event loop is busy){at}"
-        return self._outcome(label, False, reason)
-
-    def _outcome(self, label: str, stopped: bool, reason: str) -> ItemOutcome:
-        return ItemOutcome(
-            id=self.entry.id,
-            kind="task",
-            label=label,
-            cell=self.entry.cell.execution_count,
-            stopped=stopped,
-            reason=reason,
-        )
 
 
 def watch(ledger: Ledger) -> Callable[[], None]:
