@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _results import result
 
-from nbcoord.resources import probes as _probes
+from nbcoord.resources import proc as _proc
 from nbcoord.resources.probes import CellWindow, ResourceProbe
 
 TARGET_MS = 5.0
@@ -97,12 +97,12 @@ def measure(cells: list[CellWindow], names: dict[int, str]) -> tuple[float, floa
         full = per_call_ms(lambda: full_probe.sample(cells, names))
         cached = per_call_ms(lambda: cached_probe.sample(cells, names), min_reps=200, max_reps=5000)
         psutil_only = None
-        if _probes._HAS_PROC:
-            _probes._HAS_PROC = False  # what the probe does off Linux: psutil's threads() and children()
+        if _proc.HAS_PROC:
+            _proc.HAS_PROC = False  # what the probe does off Linux: psutil's threads() and children()
             try:
                 psutil_only = per_call_ms(lambda: full_probe.sample(cells, names))
             finally:
-                _probes._HAS_PROC = True
+                _proc.HAS_PROC = True
     finally:
         full_probe.close()
         cached_probe.close()

@@ -27,20 +27,20 @@ import psutil
 import pytest
 from helpers import wait_until
 
-from nbcoord.resources import probes as _probes
+from nbcoord.resources import proc as procfs
 from nbcoord.resources.probes import (
     DRIVER_NOT_LOADED,
     NO_DEVICE,
     NO_DRIVER,
     NO_LIBRARY,
-    TF_HOLDS_GPU,
-    TF_NOT_STARTED,
     CellWindow,
     ResourceProbe,
     Resources,
     cell_for_time,
     format_bytes,
 )
+from nbcoord.tensorflow import memory as tensorflow_memory
+from nbcoord.tensorflow.memory import TF_HOLDS_GPU, TF_NOT_STARTED
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -79,6 +79,15 @@ def without_real_tensorflow(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delitem(sys.modules, name, raising=False)
 
 
+@pytest.fixture(autouse=True)
+def tensorflow_part() -> Iterator[None]:
+    """TensorFlow's memory hooks registered, as the wiring registers them once TensorFlow is imported (they run
+    only while a TensorFlow, fake or real, is in sys.modules)."""
+    remove = tensorflow_memory.register()
+    yield
+    remove()
+
+
 @pytest.fixture
 def nvml() -> Iterator[Any]:
     fake_nvml.reset()
@@ -89,9 +98,9 @@ def nvml() -> Iterator[Any]:
 @pytest.fixture(params=["proc", "psutil"])
 def reader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Both ways of reading threads and children: Linux's /proc directly, and psutil (other systems)."""
-    if request.param == "proc" and not _probes._HAS_PROC:
+    if request.param == "proc" and not procfs.HAS_PROC:
         pytest.skip("no Linux /proc")
-    monkeypatch.setattr(_probes, "_HAS_PROC", request.param == "proc")
+    monkeypatch.setattr(procfs, "HAS_PROC", request.param == "proc")
     return str(request.param)
 
 
@@ -335,7 +344,7 @@ def test_child_rows_from_either_reader(nvml: Any, reader: str, spawn: Callable[.
     t0 = time.time()
     child = spawn()
     t1 = time.time()
-    # a wide window: psutil's create_time() on Linux can be up to a second early (see _probes._boot_to_wall)
+    # a wide window: psutil's create_time() on Linux can be up to a second early (see procfs.boot_to_wall)
     row = child_row(sample(ResourceProbe(nvml=nvml), [CellWindow(5, t0 - 2, t1 + 2)]), child.pid)
     assert row["cmdline"] == " ".join(WAITER)
     assert row["status"] in {"sleeping", "running"}
@@ -458,13 +467,13 @@ class CountingProcess:
 def test_expensive_reads_at_most_once_per_interval(nvml: Any, reader: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Counted, not timed: psutil calls on the probe's process object, the probe's own /proc reads, NVML."""
     reads: list[str] = []
-    read_small = _probes._read_small
+    read_small = procfs.read_small
 
     def counted_read(path: str) -> bytes | None:
         reads.append(path)
         return read_small(path)
 
-    monkeypatch.setattr(_probes, "_read_small", counted_read)
+    monkeypatch.setattr(procfs, "read_small", counted_read)
     nvml.reset([nvml.FakeDevice()])
     now = [100.0]
     process = CountingProcess()
@@ -552,7 +561,9 @@ TF_SCRIPT = textwrap.dedent(
     import json, os, threading
     import fake_nvml
     from nbcoord.resources.probes import ResourceProbe
+    from nbcoord.tensorflow.memory import watch
 
+    watch()  # TensorFlow's memory hooks, registered once it is imported (as the wiring does)
     fake_nvml.reset([fake_nvml.FakeDevice(processes=[fake_nvml.FakeProcess(os.getpid(), 2**30)])])
     import tensorflow as tf
     from tensorflow.python.eager import context

@@ -21,8 +21,9 @@ from typing import Any
 import pytest
 from helpers import Kernel
 
-from nbcoord.resources.probes import TF_HOLDS_GPU
 from nbcoord.resources.reclaim import JAX_NOTE, release_frameworks
+from nbcoord.tensorflow import memory as tensorflow_memory
+from nbcoord.tensorflow.memory import TF_HOLDS_GPU
 
 pytest.importorskip("torch")
 
@@ -161,6 +162,15 @@ print(errors)""")
     assert "reclaim runs on the kernel's main thread" in result.stdout
 
 
+@pytest.fixture
+def tensorflow_part() -> Iterator[None]:
+    """TensorFlow's memory hooks registered, as the wiring registers them once TensorFlow is imported."""
+    remove = tensorflow_memory.register()
+    yield
+    remove()
+
+
+@pytest.mark.usefixtures("tensorflow_part")
 def test_frameworks_that_keep_memory_say_so(monkeypatch: pytest.MonkeyPatch) -> None:
     # Only membership in sys.modules is asked of TensorFlow and JAX: empty modules stand in for them.
     monkeypatch.setitem(sys.modules, "tensorflow", ModuleType("tensorflow"))

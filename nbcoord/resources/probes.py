@@ -1,12 +1,12 @@
 """Resources the kernel holds: GPU and host memory, native threads, child processes.
 
-Floor 1: this module knows no IPython and never imports TensorFlow. :class:`ResourceProbe` reads
+This module knows no IPython and imports no framework. :class:`ResourceProbe` reads
 
 * **GPU**, per device, through NVML (``nvidia-ml-py``, imported lazily at the first sample): the device's
   total and used memory, this process's own use (NVML's per-process list; ``process_visible`` is False
   where that list cannot show this process, as in containers without host PID visibility, rather than a
   false 0) and, when the user has imported TensorFlow and started its eager runtime, TensorFlow's
-  allocator figures;
+  allocator figures (read by the hook TensorFlow's part registers: :mod:`nbcoord.resources.frameworks`);
 * **host** memory: the kernel's RSS and USS, its children's RSS, the machine's available memory;
 * **native threads**: every OS thread of the process with its OS name and CPU time, marked with its Python
   name where it is a Python thread;
@@ -16,10 +16,10 @@ Floor 1: this module knows no IPython and never imports TensorFlow. :class:`Reso
 Costs. The expensive reads (one ``stat`` per thread, 10-30 us each; ``/proc/*/stat`` of every process on the
 machine to find the children; smaps for USS; NVML) run at most once per ``min_native_interval`` seconds, and
 no more often than keeps them under ``max_duty`` of one core; they are cached in between. A sample inside
-that interval reads only the RSS (one small ``/proc`` read) and re-labels the cached rows. On Linux the
-probe reads ``/proc`` itself where psutil would read the same files more times (psutil's ``threads()``
-drops the thread's name, which would take a second read per thread); elsewhere it uses psutil. Nothing here
-runs on a hot path: the probe is called by views (report, panel), never by thread or cell hooks.
+that interval reads only the RSS (one small ``/proc`` read) and re-labels the cached rows. Threads and children
+come from :mod:`nbcoord.resources.native` (``/proc`` on Linux, psutil elsewhere), the GPU from the one NVML
+reader (:mod:`nbcoord.resources.nvml`, through :mod:`nbcoord.resources.gpu`). Nothing here runs on a hot path:
+the probe is called by views (report, panel), never by thread or cell hooks.
 
 Everything is plain JSON (``str``/``int``/``float``/``bool``/``None``/lists/dicts), described by the
 TypedDicts below.
@@ -28,66 +28,45 @@ TypedDicts below.
 from __future__ import annotations
 
 import collections
-import importlib
 import logging
-import math
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, NamedTuple, TypedDict, TypeVar
+from typing import TypedDict, TypeVar
 
 import psutil
+
+from nbcoord.resources import frameworks, native
+from nbcoord.resources.frameworks import AllocatorRead
+from nbcoord.resources.gpu import DRIVER_NOT_LOADED, NO_DEVICE, NO_DRIVER, NO_LIBRARY, GpuDevice, GpuRead, gpu_read
+from nbcoord.resources.native import CellWindow, ChildRead, cell_for_time
+from nbcoord.resources.nvml import Nvml
+from nbcoord.resources.proc import thread_cpu_seconds
 
 logger = logging.getLogger("nbcoord")
 _T = TypeVar("_T")
 
-#: Why the GPU section is empty.
-NO_LIBRARY = "nvidia-ml-py not installed"
-NO_DRIVER = "no NVIDIA driver"
-DRIVER_NOT_LOADED = "NVIDIA driver not loaded"
-NO_DEVICE = "no device"
-
-#: Said when TensorFlow holds GPU memory: its allocator keeps what it reserved until the process exits.
-TF_HOLDS_GPU = (
-    "TensorFlow keeps the GPU memory it has reserved until the kernel process exits: deleting tensors, "
-    "models or sessions does not return it to the device; restarting the kernel does."
-)
-#: Said when TensorFlow is loaded but its eager runtime has not started (graph-mode sessions do not start it).
-TF_NOT_STARTED = (
-    "TensorFlow is loaded but its eager runtime has not started, so its allocator figures are not read "
-    "(reading them would start it and fix its GPU settings)."
-)
-
-_PROC = "/proc"
-# Linux: read /proc directly where psutil would read the same files more times (see _threads_linux)
-_HAS_PROC = os.path.isdir(f"{_PROC}/self/task") and hasattr(time, "CLOCK_BOOTTIME")
-_CLOCK_TICKS = float(os.sysconf("SC_CLK_TCK")) if hasattr(os, "sysconf") else 100.0
-_CMDLINE_MAX = 500
-
-
-class CellWindow(NamedTuple):
-    """When a cell ran, in ``time.time()`` seconds; ``ended_at`` is None while it runs."""
-
-    execution_count: int
-    started_at: float
-    ended_at: float | None
-
-
-class GpuDevice(TypedDict):
-    """One GPU as NVML sees it, with this process's share and TensorFlow's allocator."""
-
-    index: int
-    name: str
-    total: int
-    used: int
-    process_used: int | None  # this process, from NVML's per-process list; None when not visible
-    process_visible: bool  # False: NVML's list cannot show this process (see _own_gpu_use)
-    tf_current: int | None  # TensorFlow's allocator; None when not read
-    tf_peak: int | None
+__all__ = [
+    "DRIVER_NOT_LOADED",
+    "NO_DEVICE",
+    "NO_DRIVER",
+    "NO_LIBRARY",
+    "CellWindow",
+    "ChildProcess",
+    "GpuDevice",
+    "GpuInfo",
+    "HistoryPoint",
+    "HostMemory",
+    "NativeThread",
+    "ResourceProbe",
+    "Resources",
+    "cell_for_time",
+    "format_bytes",
+    "thread_cpu_seconds",
+]
 
 
 class GpuInfo(TypedDict):
@@ -159,419 +138,9 @@ def format_bytes(n: int | None) -> str:
     return f"{value:.1f} TiB"
 
 
-# --- cells -------------------------------------------------------------------------------------------------
-
-
-def cell_for_time(started_at: float, cells: Sequence[CellWindow], resolution: float = 0.0) -> int | None:
-    """The cell whose run window contains ``started_at``, or None.
-
-    ``resolution`` is how coarse ``started_at`` is: Linux records a process's start in clock ticks (10 ms),
-    rounded down, so the true moment lies in ``[started_at, started_at + resolution)``. The cell whose
-    window covers most of that interval wins; a moment at a window's very edge counts as inside it.
-    """
-    best: int | None = None
-    best_overlap = -1.0
-    latest = started_at + resolution
-    for cell in cells:
-        end = math.inf if cell.ended_at is None else cell.ended_at
-        low, high = max(started_at, cell.started_at), min(latest, end)
-        if high < low or (resolution > 0 and cell.started_at == latest):
-            continue  # no overlap; a window that opens at the interval's open end does not hold it
-        if high - low > best_overlap:
-            best, best_overlap = cell.execution_count, high - low
-    return best
-
-
-# --- NVML --------------------------------------------------------------------------------------------------
-
-
-def _own_gpu_use(
-    procs: Sequence[Any] | None, own_pid: int, pid_exists: Callable[[int], bool]
-) -> tuple[int | None, bool]:
-    """This process's memory on one device from NVML's process list: ``(bytes or None, visible)``.
-
-    NVML lists processes by the PIDs of the host's namespace. In a container without host PID visibility
-    the list is empty, or holds PIDs that do not exist here; either way it cannot show this process, so
-    the answer is "not visible" rather than 0. An empty list on a host where nothing uses the device is
-    indistinguishable from that case, and is reported the same way.
-    """
-    if not procs:
-        return None, False
-    own = [p for p in procs if p.pid == own_pid]
-    if own:
-        used = [p.usedGpuMemory for p in own]
-        # usedGpuMemory is None where the driver cannot tell (Windows WDDM)
-        return (None if None in used else sum(used)), True
-    if not any(pid_exists(p.pid) for p in procs):
-        return None, False  # PIDs of another namespace: this process may be among them, unseen
-    return 0, True
-
-
-@dataclass
-class _GpuRead:
-    reason: str | None = None
-    devices: list[GpuDevice] = field(default_factory=list)
-    by_pid: dict[int, int] | None = None  # memory per PID over devices whose process list is visible
-
-
-class _Nvml:
-    """NVML, initialised at first use. An initialisation that failed is not retried: it does not heal."""
-
-    def __init__(self, module: ModuleType | None) -> None:
-        self._module = module
-        self._initialised = False
-        self._reason: str | None = None
-
-    def _ensure(self) -> ModuleType | None:
-        if self._initialised or self._reason is not None:
-            return self._module if self._initialised else None
-        module = self._module
-        if module is None:
-            try:
-                module = importlib.import_module("pynvml")
-            except ImportError:
-                self._reason = NO_LIBRARY
-                return None
-            self._module = module
-        try:
-            module.nvmlInit()
-        except module.NVMLError as exc:
-            self._reason = _init_failure(module, exc)
-            logger.debug("nbcoord: NVML not usable: %s", self._reason, exc_info=True)
-            return None
-        self._initialised = True
-        return module
-
-    def read(self, own_pid: int, pid_exists: Callable[[int], bool]) -> _GpuRead:
-        nvml = self._ensure()
-        if nvml is None:
-            return _GpuRead(reason=self._reason)
-        try:
-            count = int(nvml.nvmlDeviceGetCount())
-        except nvml.NVMLError as exc:
-            return _GpuRead(reason=f"NVML error: {exc}")
-        if count == 0:
-            return _GpuRead(reason=NO_DEVICE)
-        read = _GpuRead()
-        for index in range(count):
-            try:
-                read.devices.append(self._device(nvml, index, own_pid, pid_exists, read))
-            except nvml.NVMLError as exc:
-                logger.debug("nbcoord: NVML device %d unreadable: %s", index, exc, exc_info=True)
-        if not read.devices:
-            read.reason = "NVML error: no device readable"
-        return read
-
-    @staticmethod
-    def _device(
-        nvml: ModuleType, index: int, own_pid: int, pid_exists: Callable[[int], bool], read: _GpuRead
-    ) -> GpuDevice:
-        handle = nvml.nvmlDeviceGetHandleByIndex(index)
-        memory = nvml.nvmlDeviceGetMemoryInfo(handle)
-        name = nvml.nvmlDeviceGetName(handle)
-        try:
-            procs: list[Any] | None = list(nvml.nvmlDeviceGetComputeRunningProcesses(handle))
-        except Exception:
-            # NOT_SUPPORTED or NO_PERMISSION (an NVMLError), or pynvml's NVMLLibraryMismatchError where the
-            # driver is older than the binding: the list is not visible here, the device's figures still are
-            logger.debug("nbcoord: NVML process list of device %d unreadable", index, exc_info=True)
-            procs = None
-        process_used, visible = _own_gpu_use(procs, own_pid, pid_exists)
-        if visible and procs:
-            by_pid = read.by_pid if read.by_pid is not None else {}
-            for p in procs:
-                by_pid[p.pid] = by_pid.get(p.pid, 0) + (p.usedGpuMemory or 0)
-            read.by_pid = by_pid
-        return GpuDevice(
-            index=index,
-            name=name.decode() if isinstance(name, bytes) else str(name),
-            total=int(memory.total),
-            used=int(memory.used),
-            process_used=process_used,
-            process_visible=visible,
-            tf_current=None,
-            tf_peak=None,
-        )
-
-    def close(self) -> None:
-        if self._initialised and self._module is not None:
-            self._initialised = False
-            try:
-                self._module.nvmlShutdown()
-            except self._module.NVMLError:
-                logger.debug("nbcoord: nvmlShutdown failed", exc_info=True)
-
-
-def _init_failure(nvml: ModuleType, exc: BaseException) -> str:
-    code = getattr(exc, "value", None)
-    if code == getattr(nvml, "NVML_ERROR_LIBRARY_NOT_FOUND", object()):
-        return NO_DRIVER  # libnvidia-ml.so ships with the driver
-    if code == getattr(nvml, "NVML_ERROR_DRIVER_NOT_LOADED", object()):
-        return DRIVER_NOT_LOADED
-    return f"NVML error: {exc}"
-
-
-# --- TensorFlow (only if the user imported it) -------------------------------------------------------------
-
-
-@dataclass
-class _TfRead:
-    started: bool = False  # the eager runtime exists, so figures could be read
-    gpu_devices: int = 0  # TensorFlow's GPU devices: each holds its allocator's reservation
-    gpu: dict[int, tuple[int, int]] = field(default_factory=dict)  # NVML index -> (current, peak)
-    cpu: tuple[int, int] | None = None
-
-
-def _tf_runtime_started() -> bool:
-    """Whether TensorFlow's eager context is initialised, asked without initialising it (its private names sit
-    with the integration's, in nbcoord/tensorflow/internals.py; that module imports nothing of TensorFlow)."""
-    from nbcoord.tensorflow.internals import eager_runtime_started
-
-    return eager_runtime_started()
-
-
-def _nvml_index(tf_index: int) -> int:
-    """NVML's index of TensorFlow's ``GPU:i``, through CUDA_VISIBLE_DEVICES when it lists indices.
-
-    Assumes CUDA orders devices as NVML does (always true with one GPU; set CUDA_DEVICE_ORDER=PCI_BUS_ID
-    otherwise).
-    """
-    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
-    if tf_index < len(visible) and visible[tf_index].isdigit():
-        return int(visible[tf_index])
-    return tf_index
-
-
-def _tf_memory() -> _TfRead | None:
-    """TensorFlow's allocator figures; None if the user has not imported TensorFlow. Never imports it, and
-    never starts its runtime."""
-    tf = sys.modules.get("tensorflow")
-    if tf is None:
-        return None
-    read = _TfRead(started=_tf_runtime_started())
-    if not read.started:
-        return read
-    get_memory_info = tf.config.experimental.get_memory_info
-    gpus = tf.config.list_logical_devices("GPU")
-    read.gpu_devices = len(gpus)
-    for tf_index in range(len(gpus)):
-        try:
-            info = get_memory_info(f"GPU:{tf_index}")
-        except ValueError:  # a device without allocator statistics
-            continue
-        read.gpu[_nvml_index(tf_index)] = (int(info["current"]), int(info["peak"]))
-    try:
-        info = get_memory_info("CPU:0")
-    except ValueError:  # a build whose CPU allocator keeps no statistics
-        pass
-    else:
-        read.cpu = (int(info["current"]), int(info["peak"]))
-    return read
-
-
-def _tf_note(tf: _TfRead, devices: Sequence[GpuDevice]) -> str | None:
-    if tf.started:
-        # TensorFlow's GPU devices reserve their memory when created, before any tensor exists
-        holds = tf.gpu_devices > 0 or any(d["tf_peak"] for d in devices)
-    else:
-        # graph-mode sessions hold GPU memory without starting the eager runtime
-        holds = any(d["process_used"] for d in devices)
-    if holds:
-        return TF_HOLDS_GPU
-    if not tf.started and devices:  # only where there is a GPU to speak of
-        return TF_NOT_STARTED
-    return None
-
-
-# --- threads and processes ---------------------------------------------------------------------------------
-
-
 def _host_memory() -> tuple[int, int]:
     vm = psutil.virtual_memory()
     return int(vm.available), int(vm.total)
-
-
-def _read_small(path: str) -> bytes | None:
-    """A small /proc file in one read; None if it is gone (the thread or process ended)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        return os.read(fd, 4096)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
-_STATUS = {  # /proc/<pid>/stat's state letter, in psutil's words
-    "R": psutil.STATUS_RUNNING,
-    "S": psutil.STATUS_SLEEPING,
-    "D": psutil.STATUS_DISK_SLEEP,
-    "T": psutil.STATUS_STOPPED,
-    "t": psutil.STATUS_TRACING_STOP,
-    "Z": psutil.STATUS_ZOMBIE,
-    "X": psutil.STATUS_DEAD,
-    "I": psutil.STATUS_IDLE,
-    "P": psutil.STATUS_PARKED,
-}
-
-
-class _Stat(NamedTuple):
-    """The fields of ``/proc/<pid>/stat`` (or ``/proc/<pid>/task/<tid>/stat``) that the probe uses."""
-
-    comm: str
-    state: str
-    ppid: int
-    cpu_s: float  # user + system
-    start_ticks: int  # clock ticks since boot
-
-
-def _read_stat(path: str) -> _Stat | None:
-    data = _read_small(path)
-    if not data:
-        return None
-    close = data.rfind(b")")  # the name may itself hold spaces and parentheses
-    fields = data[close + 2 :].split()
-    return _Stat(
-        comm=data[data.find(b"(") + 1 : close].decode("utf-8", "replace"),
-        state=fields[0].decode(),
-        ppid=int(fields[1]),
-        cpu_s=(int(fields[11]) + int(fields[12])) / _CLOCK_TICKS,  # fields 14 and 15, utime and stime
-        start_ticks=int(fields[19]),  # field 22, starttime
-    )
-
-
-def _boot_to_wall() -> float:
-    """Add to seconds since boot to get ``time.time()`` seconds.
-
-    Not psutil's ``create_time()``: it adds the boot time from ``/proc/stat``, which Linux gives in whole
-    seconds, so it can be up to a second off ``time.time()``, too coarse to tell which cell started a process.
-    ``CLOCK_BOOTTIME`` makes a process's start exact to the clock tick (10 ms).
-    """
-    return time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
-
-
-def _threads_linux(pid: int) -> list[tuple[int, str, float]]:
-    """Every thread of ``pid`` with its OS name and CPU time: one read of its ``stat`` each (psutil's
-    ``threads()`` reads the same file but drops the name, which would take a second read of ``comm``)."""
-    rows = []
-    for entry in os.listdir(f"{_PROC}/{pid}/task"):
-        stat = _read_stat(f"{_PROC}/{pid}/task/{entry}/stat")
-        if stat is not None:  # None: the thread ended meanwhile
-            rows.append((int(entry), stat.comm, stat.cpu_s))
-    return rows
-
-
-def thread_cpu_seconds(native_id: int) -> float | None:
-    """CPU time (user + system) of one thread of this process, from ``/proc``; None where unavailable.
-
-    About 18 us a call here. Safe for any id: a thread that ended just gives None (unlike
-    ``pthread_getcpuclockid``, which is undefined behaviour on a thread that is gone).
-    """
-    if not _HAS_PROC:
-        return None
-    stat = _read_stat(f"{_PROC}/self/task/{native_id}/stat")
-    return None if stat is None else stat.cpu_s
-
-
-def _threads_psutil(process: psutil.Process) -> list[tuple[int, str, float]]:
-    return [(t.id, "", t.user_time + t.system_time) for t in process.threads()]
-
-
-class _ChildRead(NamedTuple):
-    pid: int
-    ppid: int
-    cmdline: str
-    status: str
-    rss: int | None
-    started_at: float
-
-
-def _command_line(args: Sequence[str], name: str, status: str) -> str:
-    cmdline = " ".join(args) if args else f"[{name}]"
-    if status == psutil.STATUS_ZOMBIE:
-        cmdline += " <defunct>"
-    return cmdline if len(cmdline) <= _CMDLINE_MAX else cmdline[: _CMDLINE_MAX - 1] + "\u2026"
-
-
-def _children_linux(root: int) -> list[_ChildRead]:
-    """Every descendant of ``root``: one pass over ``/proc/*/stat`` (as psutil's ``children()`` makes, but
-    keeping what it reads), then ``statm`` and ``cmdline`` of the descendants alone."""
-    by_parent: dict[int, list[tuple[int, _Stat]]] = collections.defaultdict(list)
-    for entry in os.listdir(_PROC):
-        if entry.isdigit():
-            stat = _read_stat(f"{_PROC}/{entry}/stat")
-            if stat is not None:
-                by_parent[stat.ppid].append((int(entry), stat))
-    offset, page = _boot_to_wall(), os.sysconf("SC_PAGE_SIZE")
-    rows, todo, seen = [], [root], {root}
-    while todo:
-        for pid, stat in by_parent.get(todo.pop(), []):
-            if pid in seen:
-                continue  # PIDs reused during the pass can make a cycle
-            seen.add(pid)
-            todo.append(pid)
-            statm = _read_small(f"{_PROC}/{pid}/statm")
-            raw_args = _read_small(f"{_PROC}/{pid}/cmdline") or b""
-            args = [a.decode("utf-8", "replace") for a in raw_args.split(b"\0") if a]
-            status = _STATUS.get(stat.state, stat.state)
-            rows.append(
-                _ChildRead(
-                    pid=pid,
-                    ppid=stat.ppid,
-                    cmdline=_command_line(args, stat.comm, status),
-                    status=status,
-                    rss=int(statm.split()[1]) * page if statm else None,
-                    started_at=offset + stat.start_ticks / _CLOCK_TICKS,
-                )
-            )
-    return rows
-
-
-def _children_psutil(process: psutil.Process) -> list[_ChildRead]:
-    rows = []
-    for proc in process.children(recursive=True):
-        try:
-            with proc.oneshot():
-                ppid, status, name = proc.ppid(), proc.status(), proc.name()
-                started_at: float = proc.create_time()
-                rss: int | None = None
-                args: list[str] = []
-                try:
-                    rss = proc.memory_info().rss
-                    args = proc.cmdline()
-                except (psutil.ZombieProcess, psutil.AccessDenied):
-                    pass  # a zombie has no command line left (catch ZombieProcess before NoSuchProcess)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue  # ended meanwhile
-        rows.append(_ChildRead(proc.pid, ppid, _command_line(args, name, status), str(status), rss, started_at))
-    return rows
-
-
-def _attribute(children: Sequence[_ChildRead], cells: Sequence[CellWindow], own_pid: int) -> dict[int, int | None]:
-    """The cell of every descendant.
-
-    A direct child belongs to the cell whose window holds its start; a deeper descendant (a shell's command, a
-    pool's worker) to the cell of its ancestor among our direct children, which is what started it.
-    """
-    by_pid = {c.pid: c for c in children}
-    tick = 1.0 / _CLOCK_TICKS if _HAS_PROC else 0.0  # Linux records starts in ticks, others precisely
-    cell: dict[int, int | None] = {}
-
-    def resolve(child: _ChildRead, depth: int = 0) -> int | None:
-        if child.pid not in cell:
-            parent = by_pid.get(child.ppid)
-            if child.ppid == own_pid or parent is None or depth > 64:
-                cell[child.pid] = cell_for_time(child.started_at, cells, tick)
-            else:
-                cell[child.pid] = resolve(parent, depth + 1)
-        return cell[child.pid]
-
-    for child in children:
-        resolve(child)
-    return cell
 
 
 # --- the probe ---------------------------------------------------------------------------------------------
@@ -586,9 +155,9 @@ class _Slow:
     available: int
     total: int
     threads: list[tuple[int, str, float]]  # native id, OS name, CPU seconds
-    children: list[_ChildRead]
-    gpu: _GpuRead
-    tf: _TfRead | None  # None: TensorFlow not imported
+    children: list[ChildRead]
+    gpu: GpuRead
+    tf: AllocatorRead | None  # None: TensorFlow not imported (or its part not registered)
 
 
 class ResourceProbe:
@@ -626,7 +195,7 @@ class ResourceProbe:
         process: psutil.Process | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._nvml = _Nvml(nvml)
+        self._nvml = Nvml(nvml if nvml is not None else "pynvml")
         self._interval = self._next_interval = min_native_interval
         self._max_duty = max_duty
         self._process = process if process is not None else psutil.Process()
@@ -702,9 +271,9 @@ class ResourceProbe:
         """Every live descendant read now, with the cell that started it and its exact start (for the stop)."""
         if self._foreign():
             return []
-        none: list[_ChildRead] = []
+        none: list[ChildRead] = []
         rows = self._guard("children", self._read_children, none)
-        cell_of = _attribute(rows, cells, self._process.pid)
+        cell_of = native.attribute(rows, cells, self._process.pid)
         found: list[tuple[psutil.Process, int | None, float]] = []
         for row in rows:
             try:
@@ -733,8 +302,8 @@ class ResourceProbe:
             total=total,
             threads=self._guard("threads", self._read_threads, []),
             children=self._guard("children", self._read_children, []),
-            gpu=self._guard("gpu", self._read_gpu, _GpuRead(reason="NVML error")),
-            tf=self._guard("tensorflow", _tf_memory, None),
+            gpu=self._guard("gpu", self._read_gpu, GpuRead(reason="NVML error")),
+            tf=self._guard(frameworks.ALLOCATOR, _read_allocator, None),
         )
 
     def _rss(self) -> int:
@@ -744,16 +313,14 @@ class ResourceProbe:
         full = self._process.memory_full_info()
         return int(full.rss), int(full.uss)
 
-    def _read_gpu(self) -> _GpuRead:
-        return self._nvml.read(self._process.pid, psutil.pid_exists)
+    def _read_gpu(self) -> GpuRead:
+        return gpu_read(self._nvml.read(), self._process.pid, psutil.pid_exists)
 
     def _read_threads(self) -> list[tuple[int, str, float]]:
-        rows = _threads_linux(self._process.pid) if _HAS_PROC else _threads_psutil(self._process)
-        return sorted(rows)
+        return native.threads(self._process)
 
-    def _read_children(self) -> list[_ChildRead]:
-        rows = _children_linux(self._process.pid) if _HAS_PROC else _children_psutil(self._process)
-        return sorted(rows, key=lambda r: (r.started_at, r.pid))
+    def _read_children(self) -> list[ChildRead]:
+        return native.children(self._process)
 
     def _native_rows(self, slow: _Slow, names: Mapping[int, str]) -> list[NativeThread]:
         """Rows of the OS's threads, labelled with Python's names; the last ones when neither changed."""
@@ -792,9 +359,9 @@ def _assemble(
             if current_peak is not None:
                 device["tf_current"], device["tf_peak"] = current_peak
         tf_cpu = slow.tf.cpu
-        tf_note = _tf_note(slow.tf, devices)  # also without NVML: TensorFlow may still hold a GPU
+        tf_note = slow.tf.note(devices)  # also without NVML: TensorFlow may still hold a GPU
     by_pid = slow.gpu.by_pid
-    cell_of = _attribute(slow.children, cells, own_pid)
+    cell_of = native.attribute(slow.children, cells, own_pid)
     children = [
         ChildProcess(
             pid=c.pid,
@@ -822,6 +389,12 @@ def _assemble(
         children=children,
         sampled_at=time.time(),
     )
+
+
+def _read_allocator() -> AllocatorRead | None:
+    """TensorFlow's allocator figures (the snapshot's ``tf_*`` fields); None if it is not imported."""
+    read = frameworks.allocator()
+    return read() if read is not None else None
 
 
 def _sum_or_none(values: Iterable[int | None]) -> int | None:

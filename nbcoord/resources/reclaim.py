@@ -13,17 +13,19 @@ that memory stays taken: on the GPU it stops the next run. :func:`reclaim`, in o
 2. with ``outputs=True`` only, the output cache: IPython's own ``displayhook.flush()`` (what ``%reset -f out``
    does), and the last result IPython keeps;
 3. the garbage collector (``gc.collect()``);
-4. the frameworks the user imported give back their caches through their public APIs: PyTorch
-   ``torch.cuda.empty_cache()`` and ``ipc_collect()`` (only where it already uses CUDA: nbcoord never starts a CUDA
-   context), CuPy's memory pools ``free_all_blocks()``; and glibc's ``malloc_trim(0)`` returns freed heap pages to
-   the system. Where a framework keeps memory until the process ends (TensorFlow's GPU allocator, JAX's
-   preallocation, PyTorch's CUDA context), the report says so plainly;
+4. the frameworks the user imported give back their caches through their public APIs (each framework's part in
+   :mod:`nbcoord.resources.frameworks`): PyTorch ``torch.cuda.empty_cache()`` and ``ipc_collect()`` (only where it
+   already uses CUDA: nbcoord never starts a CUDA context), CuPy's memory pools ``free_all_blocks()``; and glibc's
+   ``malloc_trim(0)`` returns freed heap pages to the system. Where a framework keeps memory until the process ends
+   (TensorFlow's GPU allocator, JAX's preallocation, PyTorch's CUDA context), the report says so plainly;
 5. before and after: this process's RSS and USS, its memory per GPU device (NVML, through the resource probe),
    PyTorch's and TensorFlow's allocator figures;
 6. what the user's namespace (and the output cache) still holds: the largest arrays and tensors by variable name,
    with type, device, size, shape and dtype (NumPy, PyTorch tensors and modules, TensorFlow / Keras, CuPy, JAX,
    pandas, and lists, tuples, dicts and sets of them), so that the user knows what to ``del``. Memory shared by
-   two names is counted once and said so.
+   two names is counted once and said so (:mod:`nbcoord.resources.held`).
+
+Steps 1 and 2 are :mod:`nbcoord.resources.kept`'s.
 
 It runs on the kernel's main thread (a magic, the API, or a panel command handled as an ordinary widget message,
 between cells) and never imports a framework.
@@ -34,38 +36,41 @@ from __future__ import annotations
 import ctypes
 import gc
 import logging
-import re
 import sys
 import threading
 import time
-import traceback
-from collections.abc import Callable, Iterable
-from types import ModuleType, TracebackType
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from nbcoord.core import fork as _fork
-from nbcoord.resources.probes import TF_HOLDS_GPU, CellWindow, ResourceProbe, _nvml_index, format_bytes
+from nbcoord.resources import frameworks
+from nbcoord.resources.frameworks import FrameworkAction
+from nbcoord.resources.held import HeldObject, largest_held
+from nbcoord.resources.kept import drop_last_exception, drop_output_cache
+from nbcoord.resources.libraries import BUILTIN, JAX_NOTE, TORCH_CONTEXT_NOTE, torch_figures
+from nbcoord.resources.nvml import nvml_index
+from nbcoord.resources.probes import CellWindow, ResourceProbe, format_bytes
 
 if TYPE_CHECKING:
     from nbcoord.core.host import Host
 
 log = logging.getLogger("nbcoord")
 
-#: Objects smaller than this are not listed as held.
-LIST_MIN_BYTES = 2**20
-#: How many held objects the report lists.
-LARGEST = 10
-#: How many items of a list, tuple, dict or set are looked at.
-CONTAINER_ITEMS = 1000
-_OUTPUT_NAME = re.compile(r"_\d+|_{1,3}")
-
-JAX_NOTE = (
-    "JAX preallocates most of each GPU's memory at its first use there and keeps it until the kernel process exits "
-    "(set XLA_PYTHON_CLIENT_PREALLOCATE=false before importing JAX to allocate on demand)."
-)
-TORCH_CONTEXT_NOTE = (
-    "PyTorch's CUDA context (a few hundred MiB per device it used) stays until the kernel process exits."
-)
+__all__ = [
+    "JAX_NOTE",
+    "TORCH_CONTEXT_NOTE",
+    "DeviceFigures",
+    "FrameworkAction",
+    "GpuFreed",
+    "HeldObject",
+    "MemoryFigures",
+    "ReclaimReport",
+    "drop_last_exception",
+    "drop_output_cache",
+    "largest_held",
+    "reclaim",
+    "release_frameworks",
+    "report_text",
+]
 
 
 class DeviceFigures(TypedDict):
@@ -90,25 +95,6 @@ class MemoryFigures(TypedDict):
 class GpuFreed(TypedDict):
     index: int
     bytes: int | None  # this process's memory on the device, before minus after (None: not visible)
-
-
-class HeldObject(TypedDict):
-    """Something big that a name still holds."""
-
-    name: str  # "x", "Out[5]", "batches"
-    held_by: str  # "namespace" or "output cache"
-    type: str  # "torch.Tensor", "numpy.ndarray", "list of 32 torch.Tensor"
-    device: str  # "cpu", "cuda:0", "GPU:0", "mixed"
-    bytes: int
-    shape: str | None
-    dtype: str | None
-    shares_memory_with: str | None  # an earlier (larger) entry holding the same memory
-
-
-class FrameworkAction(TypedDict):
-    framework: str  # "PyTorch", "CuPy", "TensorFlow", "JAX", "glibc"
-    action: str  # what was done, in words; "" when nothing could be done
-    note: str | None  # where it keeps memory until the process ends
 
 
 class ReclaimReport(TypedDict):
@@ -145,8 +131,8 @@ def _figures(host: Host, probe: ResourceProbe) -> MemoryFigures:
         )
         for d in sample["gpu"]["devices"]
     ]
-    for torch_index, allocated, reserved in _torch_figures():
-        index = _nvml_index(torch_index)
+    for torch_index, allocated, reserved in torch_figures():
+        index = nvml_index(torch_index)
         device = next((d for d in devices if d["index"] == index), None)
         if device is None:  # NVML not usable here: PyTorch's figures alone
             device = DeviceFigures(
@@ -168,165 +154,17 @@ def _figures(host: Host, probe: ResourceProbe) -> MemoryFigures:
     )
 
 
-def _torch_cuda() -> Any:
-    """``torch.cuda`` where the user imported PyTorch and it already uses CUDA here; None otherwise (asking
-    anything more would start a CUDA context, a few hundred MiB of GPU memory)."""
-    torch = sys.modules.get("torch")
-    cuda = getattr(torch, "cuda", None)
-    try:
-        return cuda if cuda is not None and cuda.is_initialized() else None
-    except Exception:  # a broken or partial install
-        log.debug("nbcoord: torch.cuda.is_initialized() failed", exc_info=True)
-        return None
-
-
-def _torch_figures() -> list[tuple[int, int, int]]:
-    cuda = _torch_cuda()
-    if cuda is None:
-        return []
-    try:
-        return [(i, int(cuda.memory_allocated(i)), int(cuda.memory_reserved(i))) for i in range(cuda.device_count())]
-    except Exception:
-        log.warning("nbcoord: reading PyTorch's CUDA allocator failed", exc_info=True)
-        return []
-
-
-# -------------------------------------------------------------------------------------------- exceptions
-def _exception_chain(exc: BaseException) -> Iterable[BaseException]:
-    """The exception and every exception chained to it (cause, context, an ExceptionGroup's members), once each."""
-    seen: set[int] = set()
-    todo = [exc]
-    while todo:
-        current = todo.pop()
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
-        yield current
-        todo.extend(e for e in (current.__cause__, current.__context__) if e is not None)
-        todo.extend(e for e in getattr(current, "exceptions", ()) if isinstance(e, BaseException))
-
-
-def _release(exc: BaseException) -> None:
-    """Let go of what the exception's tracebacks hold: the frames' local variables, then the tracebacks."""
-    for member in _exception_chain(exc):
-        tb = member.__traceback__
-        if tb is not None:
-            traceback.clear_frames(tb)  # an executing frame is skipped (clear_frames catches that)
-            member.__traceback__ = None
-
-
-def _cell_of_traceback(tb: TracebackType | None, cell_of_file: Callable[[str], int | None]) -> int | None:
-    """The innermost cell among the traceback's frames."""
-    found = None
-    while tb is not None:
-        cell = cell_of_file(tb.tb_frame.f_code.co_filename)
-        if cell is not None:
-            found = cell
-        tb = tb.tb_next
-    return found
-
-
-def drop_last_exception(shell: Any, cell_of_file: Callable[[str], int | None]) -> list[str]:
-    """Release IPython's last exception (see the module docstring); returns what was dropped, in words."""
-    found: list[BaseException] = []
-    for value in (
-        getattr(sys, "last_exc", None),
-        getattr(sys, "last_value", None),
-        getattr(getattr(shell, "last_execution_result", None), "error_in_exec", None),
-        getattr(getattr(shell, "last_execution_result", None), "error_before_exec", None),
-    ):
-        if isinstance(value, BaseException) and all(value is not other for other in found):
-            found.append(value)
-    last_tb = getattr(sys, "last_traceback", None)
-    dropped: list[str] = []
-    for exc in found:
-        cell = _cell_of_traceback(exc.__traceback__ or last_tb, cell_of_file)
-        where = f" from cell [{cell}]" if cell is not None else ""
-        message = str(exc)
-        message = message if len(message) <= 120 else message[:117] + "..."
-        dropped.append(
-            f"IPython's last exception, {type(exc).__name__}: {message}{where} (the local variables of its frames)"
-        )
-        _release(exc)
-    if isinstance(last_tb, TracebackType):
-        traceback.clear_frames(last_tb)
-    for name in ("last_exc", "last_type", "last_value", "last_traceback"):
-        if hasattr(sys, name):
-            delattr(sys, name)
-    # IPython's traceback formatter keeps the traceback it last handed to a debugger (%debug, %pdb).
-    formatter = getattr(shell, "InteractiveTB", None)
-    if formatter is not None and isinstance(getattr(formatter, "tb", None), TracebackType):
-        formatter.tb = None
-    return dropped
-
-
-def drop_output_cache(shell: Any) -> str | None:
-    """IPython's output cache, as ``%reset -f out`` drops it; returns what was dropped, in words."""
-    user_ns = getattr(shell, "user_ns", {})
-    cache = user_ns.get("_oh")
-    count = len(cache) if isinstance(cache, dict) else 0
-    displayhook = getattr(shell, "displayhook", None)
-    if displayhook is not None and getattr(displayhook, "do_full_cache", False):
-        displayhook.flush()  # deletes _N, clears Out, resets _, __ and ___ (and collects)
-    else:
-        for name in ("_", "__", "___"):
-            if name in user_ns:
-                user_ns[name] = ""
-    # IPython also pushed _, __ and ___ into user_ns_hidden (which %who compares by identity), and flush() leaves
-    # them there: the last values displayed would stay alive.
-    hidden = getattr(shell, "user_ns_hidden", None)
-    if isinstance(hidden, dict):
-        for name in ("_", "__", "___"):
-            if name in hidden:
-                hidden[name] = user_ns.get(name, "")
-    last = getattr(shell, "last_execution_result", None)
-    if last is not None and getattr(last, "result", None) is not None:
-        last.result = None  # the previous cell's value, which IPython keeps besides Out
-        count = max(count, 1)
-    return f"the output cache: {count:,} value(s) (Out, _, __, ___, _N)" if count else None
-
-
 # -------------------------------------------------------------------------------------------- frameworks
 def release_frameworks(gpu_note: str | None) -> list[FrameworkAction]:
     """Ask the frameworks the user imported to give back their caches; say where one keeps memory until exit.
     ``gpu_note``: the probe's note on TensorFlow (set when TensorFlow holds GPU memory)."""
     actions: list[FrameworkAction] = []
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        cuda = _torch_cuda()
-        if cuda is None:
-            action = "nothing cached on a GPU: it has not used CUDA in this process"
-            actions.append(FrameworkAction(framework="PyTorch", action=action, note=None))
-        else:
-            try:
-                cuda.empty_cache()
-                cuda.ipc_collect()
-                action = "torch.cuda.empty_cache(): cached blocks no tensor uses went back to the driver"
-            except Exception as exc:
-                log.warning("nbcoord: torch.cuda.empty_cache() failed", exc_info=True)
-                action = f"torch.cuda.empty_cache() failed: {type(exc).__name__}: {exc}"
-            actions.append(FrameworkAction(framework="PyTorch", action=action, note=TORCH_CONTEXT_NOTE))
-    cupy = sys.modules.get("cupy")
-    if cupy is not None:
-        try:
-            cupy.get_default_memory_pool().free_all_blocks()
-            cupy.get_default_pinned_memory_pool().free_all_blocks()
-            action = "free_all_blocks() on CuPy's memory pools"
-        except Exception as exc:
-            log.warning("nbcoord: freeing CuPy's pools failed", exc_info=True)
-            action = f"freeing CuPy's pools failed: {type(exc).__name__}: {exc}"
-        actions.append(FrameworkAction(framework="CuPy", action=action, note=None))
-    if "tensorflow" in sys.modules:
-        note = gpu_note if gpu_note == TF_HOLDS_GPU else None
-        actions.append(
-            FrameworkAction(
-                framework="TensorFlow",
-                action="",
-                note=note or "TensorFlow has no public call that gives its allocator's memory back.",
-            )
-        )
-    if "jax" in sys.modules:
-        actions.append(FrameworkAction(framework="JAX", action="", note=JAX_NOTE))
+    for framework in frameworks.imported([*BUILTIN, *frameworks.registered()]):
+        if framework.release is None:
+            continue
+        action = framework.release(gpu_note)
+        if action is not None:
+            actions.append(action)
     trimmed = _malloc_trim()
     if trimmed is not None:
         actions.append(FrameworkAction(framework="glibc", action=trimmed, note=None))
@@ -346,247 +184,6 @@ def _malloc_trim() -> str | None:
     trim.restype = ctypes.c_int
     released = trim(0)
     return "malloc_trim(0): free heap pages went back to the system" if released else "malloc_trim(0): nothing to trim"
-
-
-# ------------------------------------------------------------------------------------------ what is held
-class _Measure(TypedDict):
-    type: str
-    device: str
-    bytes: int
-    shape: str | None
-    dtype: str | None
-    keys: dict[Any, int]  # memory identity -> bytes, for counting shared memory once
-
-
-def _module(value: Any, name: str) -> ModuleType | None:
-    """The framework ``name`` if the user imported it and ``value``'s type comes from it (never imports it)."""
-    root = type(value).__module__.partition(".")[0]
-    return sys.modules.get(name) if root == name else None
-
-
-def _measure_numpy(value: Any) -> _Measure | None:
-    np = sys.modules.get("numpy")
-    if np is None or not isinstance(value, np.ndarray):
-        return None
-    root = value
-    while isinstance(root.base, np.ndarray):
-        root = root.base
-    key = ("numpy", id(root.base if root.base is not None else root))
-    return _Measure(
-        type="numpy.ndarray",
-        device="cpu",
-        bytes=int(value.nbytes),
-        shape=str(tuple(value.shape)),
-        dtype=str(value.dtype),
-        keys={key: int(root.nbytes)},
-    )
-
-
-def _measure_torch(value: Any) -> _Measure | None:
-    torch = _module(value, "torch")
-    if torch is None:
-        return None
-    if isinstance(value, torch.Tensor):
-        try:
-            storage = value.untyped_storage()
-            identity: dict[Any, int] = {("torch", str(value.device), storage.data_ptr()): int(storage.nbytes())}
-        except Exception:  # sparse, meta or nested tensors have no plain storage
-            identity = {("torch-object", id(value)): int(value.nelement() * value.element_size())}
-        return _Measure(
-            type="torch.Tensor",
-            device=str(value.device),
-            bytes=int(value.nelement() * value.element_size()),
-            shape=str(tuple(value.shape)),
-            dtype=str(value.dtype).replace("torch.", ""),
-            keys=identity,
-        )
-    if isinstance(value, torch.nn.Module):
-        keys: dict[Any, int] = {}
-        devices: set[str] = set()
-        for tensor in [*value.parameters(), *value.buffers()]:
-            measured = _measure_torch(tensor)
-            if measured is not None:
-                keys.update(measured["keys"])
-                devices.add(measured["device"])
-        return _Measure(
-            type=f"torch.nn.Module ({type(value).__name__})",
-            device=_one_device(devices),
-            bytes=sum(keys.values()),
-            shape=None,
-            dtype=None,
-            keys=keys,
-        )
-    return None
-
-
-def _tf_device(device: str) -> str:
-    # "/job:localhost/replica:0/task:0/device:GPU:0" -> "GPU:0"
-    return device.rpartition("device:")[2] or device or "?"
-
-
-def _measure_tensorflow(value: Any) -> _Measure | None:
-    module = _module(value, "tensorflow") or _module(value, "keras")
-    if module is None:
-        return None
-    weights = getattr(value, "weights", None)
-    if isinstance(weights, list):  # a Keras model or layer (variables and tensors have no weights)
-        keys: dict[Any, int] = {}
-        devices: set[str] = set()
-        for weight in weights:
-            measured = _measure_tensorflow(weight)
-            if measured is not None:
-                keys.update(measured["keys"])
-                devices.add(measured["device"])
-        return _Measure(
-            type=f"Keras {type(value).__name__}",
-            device=_one_device(devices),
-            bytes=sum(keys.values()),
-            shape=None,
-            dtype=None,
-            keys=keys,
-        )
-    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
-    count = getattr(shape, "num_elements", lambda: None)()
-    size = getattr(dtype, "size", None)
-    if not isinstance(count, int) or not isinstance(size, int):
-        return None
-    device = _tf_device(str(getattr(value, "device", "") or ""))
-    return _Measure(
-        type=f"tensorflow {type(value).__name__}",
-        device=device,
-        bytes=count * size,
-        shape=str(tuple(shape.as_list())) if shape is not None and hasattr(shape, "as_list") else None,
-        dtype=str(getattr(dtype, "name", dtype)),
-        keys={("tensorflow", id(value)): count * size},
-    )
-
-
-def _measure_other(value: Any) -> _Measure | None:
-    """CuPy and JAX arrays, pandas frames and series."""
-    if _module(value, "cupy") is not None and hasattr(value, "nbytes") and hasattr(value, "device"):
-        device = f"cuda:{getattr(value.device, 'id', '?')}"
-        return _Measure(
-            type="cupy.ndarray",
-            device=device,
-            bytes=int(value.nbytes),
-            shape=str(tuple(value.shape)),
-            dtype=str(value.dtype),
-            keys={("cupy", device, int(getattr(getattr(value, "data", None), "ptr", id(value)))): int(value.nbytes)},
-        )
-    if (_module(value, "jax") or _module(value, "jaxlib")) is not None and hasattr(value, "nbytes"):
-        devices = getattr(value, "devices", None)
-        device = ", ".join(sorted(str(d) for d in devices())) if callable(devices) else "?"
-        return _Measure(
-            type="jax.Array",
-            device=device,
-            bytes=int(value.nbytes),
-            shape=str(tuple(getattr(value, "shape", ()))),
-            dtype=str(getattr(value, "dtype", "")),
-            keys={("jax", id(value)): int(value.nbytes)},
-        )
-    if _module(value, "pandas") is not None and hasattr(value, "memory_usage"):
-        usage = value.memory_usage(index=True, deep=False)
-        size = int(usage.sum()) if hasattr(usage, "sum") else int(usage)
-        return _Measure(
-            type=f"pandas.{type(value).__name__}",
-            device="cpu",
-            bytes=size,
-            shape=str(tuple(getattr(value, "shape", ()))),
-            dtype=None,
-            keys={("pandas", id(value)): size},
-        )
-    return None
-
-
-def _one_device(devices: set[str]) -> str:
-    return next(iter(devices)) if len(devices) == 1 else ("mixed" if devices else "cpu")
-
-
-_MEASURES = (_measure_numpy, _measure_torch, _measure_tensorflow, _measure_other)
-
-
-def measure(value: Any, *, depth: int = 1) -> _Measure | None:
-    """The memory an array, tensor, model or frame holds, and where; lists, tuples, dicts and sets of them are
-    summed (``depth`` levels down). None for anything else."""
-    for measure_one in _MEASURES:
-        try:
-            measured = measure_one(value)
-        except Exception:  # a half-built object, a framework's own error: not something to list
-            log.debug("nbcoord: could not measure a %s", type(value).__name__, exc_info=True)
-            measured = None
-        if measured is not None:
-            return measured
-    if depth <= 0 or not isinstance(value, (list, tuple, dict, set, frozenset)):
-        return None
-    items = value.values() if isinstance(value, dict) else value
-    keys: dict[Any, int] = {}
-    kinds: dict[str, int] = {}
-    devices: set[str] = set()
-    for index, item in enumerate(items):
-        if index >= CONTAINER_ITEMS:
-            break
-        inner = measure(item, depth=depth - 1)
-        if inner is not None:
-            keys.update(inner["keys"])
-            kinds[inner["type"]] = kinds.get(inner["type"], 0) + 1
-            devices.add(inner["device"])
-    if not keys:
-        return None
-    what = ", ".join(f"{n} {kind}" for kind, n in kinds.items())
-    return _Measure(
-        type=f"{type(value).__name__} of {what}",
-        device=_one_device(devices),
-        bytes=sum(keys.values()),
-        shape=f"{len(value):,} items",
-        dtype=None,
-        keys=keys,
-    )
-
-
-def largest_held(shell: Any, limit: int = LARGEST) -> list[HeldObject]:
-    """The largest arrays and tensors still held by the user's namespace and the output cache, largest first."""
-    user_ns: dict[str, Any] = getattr(shell, "user_ns", {})
-    hidden = getattr(shell, "user_ns_hidden", {})
-    candidates: list[tuple[str, str, Any]] = []
-    cache = user_ns.get("_oh")
-    cached_ids: set[int] = set()
-    if isinstance(cache, dict):
-        for count, value in list(cache.items()):
-            candidates.append((f"Out[{count}]", "output cache", value))
-            cached_ids.add(id(value))
-    for name, value in list(user_ns.items()):
-        if _OUTPUT_NAME.fullmatch(name):
-            if id(value) not in cached_ids:
-                candidates.append((name, "output cache", value))
-                cached_ids.add(id(value))
-        elif name not in hidden and not name.startswith("__"):
-            candidates.append((name, "namespace", value))
-    measured: list[tuple[str, str, _Measure]] = []
-    for name, held_by, value in candidates:
-        found = measure(value)
-        if found is not None and found["bytes"] >= LIST_MIN_BYTES:
-            measured.append((name, held_by, found))
-    measured.sort(key=lambda entry: entry[2]["bytes"], reverse=True)
-    owner_of: dict[Any, str] = {}
-    rows: list[HeldObject] = []
-    for name, held_by, found in measured:
-        shared = next((owner_of[key] for key in found["keys"] if key in owner_of), None)
-        for key in found["keys"]:
-            owner_of.setdefault(key, name)
-        if len(rows) < limit:
-            rows.append(
-                HeldObject(
-                    name=name,
-                    held_by=held_by,
-                    type=found["type"],
-                    device=found["device"],
-                    bytes=found["bytes"],
-                    shape=found["shape"],
-                    dtype=found["dtype"],
-                    shares_memory_with=shared,
-                )
-            )
-    return rows
 
 
 # ------------------------------------------------------------------------------------------------ reclaim

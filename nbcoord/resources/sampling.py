@@ -11,7 +11,8 @@ import psutil
 
 from nbcoord.core.host import Host
 from nbcoord.core.stop import ScopeKind
-from nbcoord.resources.probes import CellWindow, ResourceProbe, Resources, thread_cpu_seconds
+from nbcoord.resources.probes import CellWindow, ResourceProbe, Resources
+from nbcoord.resources.proc import thread_cpu_seconds
 
 #: Threads whose CPU time is read per monitor tick (about 18 us each): bounds the monitor's cost.
 CPU_SAMPLES_PER_TICK = 64
