@@ -30,6 +30,7 @@ from nbcoord.resources.reclaim import ReclaimReport, reclaim
 from nbcoord.resources.sampling import ResourceWatch
 from nbcoord.tensorflow.integration import current as current_tensorflow
 from nbcoord.tensorflow.integration import watch as watch_tensorflow
+from nbcoord.tensorflow.memory import watch as watch_tensorflow_memory
 
 logger = logging.getLogger("nbcoord")
 
@@ -92,6 +93,7 @@ class Extension:
         self.shutdown.install(self.shell)
         undo(self.shutdown.uninstall)
         undo(watch_tensorflow(host))
+        undo(watch_tensorflow_memory())
         undo(watch_ledger(host, self.probe))
         # Last: the Jupyter server's requests are answered only once everything else is in place (and unload
         # removes this first).

@@ -418,9 +418,9 @@ def test_the_process_tree_is_the_same_from_thread_lists_and_from_one_pass_over_p
     # children list (20 ms at 1000 threads): both must find the same descendants, a grandchild included.
     import subprocess
 
-    from nbcoord.ledger import processes
+    from nbcoord.resources import proc
 
-    if not processes._PROC_CHILDREN:
+    if not proc.HAS_CHILDREN_LISTS:
         pytest.skip("no /proc/<pid>/task/<tid>/children here")
     # Each in its own session, so that the grandchild is killed with its group and leaves no orphan.
     commands = (["sleep", "30"], ["sh", "-c", "sleep 30 & wait"])
@@ -429,21 +429,21 @@ def test_the_process_tree_is_the_same_from_thread_lists_and_from_one_pass_over_p
         me = os.getpid()
 
         def grandchild_seen() -> bool:
-            tree = processes._descendants_from_stat(me)
+            tree = proc.descendants_from_stat(me)
             return any(parent == children[1].pid for _pid, parent in tree)
 
         wait_until(grandchild_seen, 10, what="the shell's own sleep")
-        by_threads = processes._descendants(me)
-        by_stat = processes._descendants_from_stat(me)
+        by_threads = proc.descendants(me)
+        by_stat = proc.descendants_from_stat(me)
         assert by_threads is not None
         assert set(by_threads) == set(by_stat)
         assert {children[0].pid, children[1].pid} <= {pid for pid, parent in by_stat if parent == me}
         stop = threading.Event()
-        extra = [threading.Thread(target=stop.wait) for _ in range(processes.TASK_SCAN_LIMIT + 1)]
+        extra = [threading.Thread(target=stop.wait) for _ in range(proc.TASK_SCAN_LIMIT + 1)]
         for thread in extra:
             thread.start()
         try:
-            assert set(processes._descendants(me) or []) == set(by_stat)  # now through the one pass
+            assert set(proc.descendants(me) or []) == set(by_stat)  # now through the one pass
         finally:
             stop.set()
             for thread in extra:

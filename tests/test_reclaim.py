@@ -183,3 +183,17 @@ def test_frameworks_that_keep_memory_say_so(monkeypatch: pytest.MonkeyPatch) -> 
     assert actions["glibc"]["action"].startswith("malloc_trim(0)")
     without_gpu = {a["framework"]: a for a in release_frameworks(None)}
     assert without_gpu["TensorFlow"]["note"] == "TensorFlow has no public call that gives its allocator's memory back."
+
+
+@pytest.mark.kernel
+@pytest.mark.tensorflow
+def test_tensorflow_tensors_are_measured_once_tensorflow_is_imported() -> None:
+    # TensorFlow's part plugs in when the user imports TensorFlow (nbcoord.tensorflow.memory, wired at load):
+    # without it a tensor is not measured at all, and the GPU figures lack the allocator's note.
+    k = Kernel()
+    try:
+        k.run("%load_ext nbcoord\nimport nbcoord\nimport tensorflow as tf\nbig = tf.ones((4, 1024, 1024))")
+        held = k.evaluate("{row['name']: (row['type'], row['bytes']) for row in nbcoord.reclaim()['largest']}")
+        assert held["big"] == ["tensorflow EagerTensor", 16 * MiB], held
+    finally:
+        k.close()

@@ -3,7 +3,7 @@ it, its parent, its role where a pool or a data loader names it ("DataLoader wor
 time and memory, and whether it exited without being reaped (a zombie process: ``<defunct>`` in ``ps``).
 
 The tree is read cheaply: on Linux from ``/proc/<pid>/task/<tid>/children`` of the kernel and of each descendant
-(about 0.1 ms for a small tree), or, when the kernel runs more than ``TASK_SCAN_LIMIT`` threads (each has its own
+(about 0.1 ms for a small tree), or, when the kernel runs more than ``proc.TASK_SCAN_LIMIT`` threads (each has its own
 list: 20 ms at 1000 threads), from one pass over ``/proc/*/stat`` (a few milliseconds on a busy machine). The stop
 and the monitor (about once a second) read it fresh; the snapshot's rows reuse the last read while it is under
 ``TREE_MAX_AGE_S`` old and names every worker the pool and loader rows beside them name (else they read it fresh): a
@@ -44,22 +44,15 @@ from nbcoord.core.stop import ItemOutcome, StopScope
 from nbcoord.ledger import internals
 from nbcoord.ledger.base import Ledger
 from nbcoord.ledger.stopping import Pending, WorkerStop
+from nbcoord.resources import proc
 from nbcoord.resources.probes import CellWindow, cell_for_time, format_bytes
 
 log = logging.getLogger("nbcoord")
 
 #: Process rows per snapshot at most.
 MAX_ROWS = 200
-#: How deep the tree is followed.
-MAX_DEPTH = 16
-#: Above this many threads in a process, its children are found by one pass over /proc/*/stat instead of reading
-#: each thread's own children list.
-TASK_SCAN_LIMIT = 64
 #: How old a tree the snapshot's rows may reuse (the monitor reads one about every second).
 TREE_MAX_AGE_S = 1.5
-_CLOCK_TICKS = float(os.sysconf("SC_CLK_TCK")) if hasattr(os, "sysconf") else 100.0
-#: Whether this system lists a thread's children in /proc (Linux with CONFIG_PROC_CHILDREN).
-_PROC_CHILDREN = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
 
 
 class ProcessLedger:
@@ -100,7 +93,7 @@ class ProcessLedger:
         sample = self.ledger.probe.last_sample
         known = {child["pid"]: child for child in sample["children"]} if sample is not None else {}
         me = os.getpid()
-        tree = _descendants(me) if _PROC_CHILDREN else None
+        tree = proc.descendants(me) if proc.HAS_CHILDREN_LISTS else None
         if tree is None:  # no /proc children lists here: the probe's last read is the tree
             return [dict(child, ppid=None) for child in known.values()]
         windows = [CellWindow(c.execution_count, c.started_at, c.ended_at) for c in self.ledger.registry.cells()]
@@ -111,7 +104,7 @@ class ProcessLedger:
             if row is None:
                 continue  # ended meanwhile
             if pid not in known and ppid == me:
-                row["cell"] = cell_for_time(row["started_at"], windows, 1 / _CLOCK_TICKS)
+                row["cell"] = cell_for_time(row["started_at"], windows, 1 / proc.CLOCK_TICKS)
             elif pid not in known:
                 row["cell"] = cell_of.get(ppid)  # a deeper descendant: the cell of what started it
             row["ppid"] = ppid
@@ -276,83 +269,11 @@ def spared_pids() -> set[int]:
     return set(internals.helper_processes())
 
 
-def _descendants(root: int) -> list[tuple[int, int]] | None:
-    """(pid, parent pid) of every descendant of ``root``, parents first, from ``/proc/<pid>/task/*/children``
-    (or one pass over ``/proc/*/stat`` when ``root`` runs many threads); None where those lists cannot be read."""
-    try:
-        many = len(os.listdir(f"/proc/{root}/task")) > TASK_SCAN_LIMIT
-    except OSError:
-        return None
-    return _walk(root, _children_by_stat() if many else _children_of_threads)
-
-
-def _descendants_from_stat(root: int) -> list[tuple[int, int]]:
-    """(pid, parent pid) of every descendant of ``root``, parents first, from one pass over ``/proc/*/stat``."""
-    return _walk(root, _children_by_stat())
-
-
-def _walk(root: int, children_of: Callable[[int], list[int]]) -> list[tuple[int, int]]:
-    """Breadth first from ``root``: (pid, parent pid), parents first, each pid once (pids reused while the tree is
-    read can make a cycle), at most ``MAX_DEPTH`` levels."""
-    found: list[tuple[int, int]] = []
-    seen = {root}
-    level = [root]
-    for _ in range(MAX_DEPTH):
-        following: list[int] = []
-        for parent in level:
-            for pid in children_of(parent):
-                if pid not in seen:
-                    seen.add(pid)
-                    found.append((pid, parent))
-                    following.append(pid)
-        if not following:
-            break
-        level = following
-    return found
-
-
-def _children_of_threads(parent: int) -> list[int]:
-    """The children of every thread of ``parent``, from their own lists (empty once it ended)."""
-    try:
-        tasks = os.listdir(f"/proc/{parent}/task")
-    except OSError:
-        return []  # ended meanwhile
-    pids: list[int] = []
-    for task in tasks:
-        try:
-            with open(f"/proc/{parent}/task/{task}/children", "rb") as listing:
-                pids += [int(pid) for pid in listing.read().split()]
-        except OSError:
-            continue
-    return pids
-
-
-def _children_by_stat() -> Callable[[int], list[int]]:
-    """Every process's children, from one pass over ``/proc/*/stat``."""
-    by_parent: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as stat:
-                data = stat.read()
-            ppid = int(data[data.rfind(b")") + 2 :].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue  # ended meanwhile, or unreadable
-        by_parent.setdefault(ppid, []).append(int(entry))
-    return lambda parent: by_parent.get(parent, [])
-
-
 def _started_at(process: psutil.Process) -> float:
-    """When a process started, in ``time.time()`` seconds, to the clock tick (Linux's ``/proc/<pid>/stat``: psutil's
+    """When a process started, in ``time.time()`` seconds, to the clock tick (see :func:`proc.started_at`; psutil's
     ``create_time()`` adds a boot time known only to the second, too coarse to tell cells apart)."""
-    try:
-        with open(f"/proc/{process.pid}/stat", "rb") as stat:
-            data = stat.read()
-        ticks = int(data[data.rfind(b")") + 2 :].split()[19])
-        return time.time() - time.clock_gettime(time.CLOCK_BOOTTIME) + ticks / _CLOCK_TICKS
-    except (OSError, ValueError, IndexError, AttributeError):
-        return float(process.create_time())
+    started = proc.started_at(process.pid)
+    return started if started is not None else float(process.create_time())
 
 
 def _child_row(pid: int) -> dict[str, Any] | None:
