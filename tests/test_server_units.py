@@ -25,7 +25,6 @@ from nbcoord.core.schema import (
 )
 from nbcoord.kernel import control as _control
 from nbcoord.server import untrack_messages
-from nbcoord.server._fleet import _gpu_held, _Outside
 from nbcoord.server._gpu import GpuRead, GpuStatus, Nvml
 from nbcoord.server._kernels import (
     CLASS_NAME,
@@ -37,6 +36,7 @@ from nbcoord.server._kernels import (
 )
 from nbcoord.server._metrics import FleetCollector
 from nbcoord.server._model import KernelRow, attention, sort_key
+from nbcoord.server._outside import Outside, gpu_held
 from nbcoord.server._summary import OffSchema, bounded_report, check_summary
 
 
@@ -207,12 +207,12 @@ def test_what_needs_attention_comes_first() -> None:
 
 
 def test_gpu_memory_is_attributed_to_the_kernel_and_to_its_workers() -> None:
-    outside = _Outside(descendants={10: [11, 12]}, gpu=GpuRead(GpuStatus(available=True, reason=None, devices=[]),
+    outside = Outside(descendants={10: [11, 12]}, gpu=GpuRead(GpuStatus(available=True, reason=None, devices=[]),
                        by_pid={10: {0: 5}, 11: {0: 7, 1: 2}, 99: {0: 1000}}))  # fmt: skip
-    assert _gpu_held(10, outside) == [{"index": 0, "bytes": 5, "workers_bytes": 7},
+    assert gpu_held(10, outside) == [{"index": 0, "bytes": 5, "workers_bytes": 7},
                                       {"index": 1, "bytes": 0, "workers_bytes": 2}]  # fmt: skip
-    assert _gpu_held(12, outside) == []
-    assert _gpu_held(None, outside) == []
+    assert gpu_held(12, outside) == []
+    assert gpu_held(None, outside) == []
 
 
 # ----------------------------------------------------------------------------------------------------- metrics

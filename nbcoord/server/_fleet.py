@@ -21,14 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import inspect
 import logging
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
-
-import psutil
 
 from nbcoord.core.schema import (
     REQUEST,
@@ -37,9 +33,10 @@ from nbcoord.core.schema import (
     stop_request,
     summary_request,
 )
-from nbcoord.server._gpu import GpuRead, GpuStatus, Nvml
+from nbcoord.server._gpu import GpuStatus, Nvml
 from nbcoord.server._link import KernelLink, LinkClosed, Reply
-from nbcoord.server._model import VIEW_SCHEMA, FleetView, GpuHeld, KernelRow, Status, attention, sort_key
+from nbcoord.server._model import VIEW_SCHEMA, FleetView, KernelRow, Status, attention, sort_key
+from nbcoord.server._outside import Outside, gpu_held, is_alive, kernel_pid, no_outside, read_outside
 from nbcoord.server._summary import OffSchema, bounded_report, check_summary
 from nbcoord.server._text import ECHO_CHARS, TEXT_CHARS, shown
 
@@ -86,75 +83,6 @@ class _Answer:
     summary: KernelSummary | None = None
     error: str | None = None
     answer_ms: float | None = None
-
-
-@dataclass
-class _Outside:
-    rss: dict[int, int] = field(default_factory=dict)
-    descendants: dict[int, list[int]] = field(default_factory=dict)
-    gpu: GpuRead | None = None
-
-
-async def is_alive(kernel_manager: Any) -> bool:
-    """Whether the kernel process runs (jupyter_server's managers answer asynchronously, older ones directly)."""
-    alive = kernel_manager.is_alive()
-    if inspect.isawaitable(alive):
-        alive = await alive
-    return bool(alive)
-
-
-def kernel_pid(kernel_manager: Any) -> int | None:
-    """The kernel's pid as its provisioner knows it (jupyter_client's LocalProvisioner); None for remote kernels."""
-    provisioner = getattr(kernel_manager, "provisioner", None)
-    pid = getattr(provisioner, "pid", None)
-    if pid is None:
-        pid = getattr(getattr(provisioner, "process", None), "pid", None)
-    return pid if isinstance(pid, int) and pid > 0 else None
-
-
-def read_outside(pids: Iterable[int], nvml: Nvml) -> _Outside:
-    """RSS and descendants of each pid, and GPU memory by pid: one pass over the process table."""
-    wanted = set(pids)
-    outside = _Outside()
-    children: dict[int, list[int]] = {}
-    for process in psutil.process_iter(["pid", "ppid"]):
-        info = process.info
-        if info.get("ppid") is not None:
-            children.setdefault(info["ppid"], []).append(info["pid"])
-    for pid in wanted:
-        try:
-            outside.rss[pid] = int(psutil.Process(pid).memory_info().rss)
-        except psutil.Error:
-            continue
-        found: list[int] = []
-        todo = list(children.get(pid, []))
-        while todo and len(found) < 10_000:
-            child = todo.pop()
-            found.append(child)
-            todo.extend(children.get(child, []))
-        outside.descendants[pid] = found
-    outside.gpu = nvml.read()
-    return outside
-
-
-def _no_outside(reason: str) -> GpuRead:
-    return GpuRead(GpuStatus(available=False, reason=reason, devices=[]))
-
-
-def _gpu_held(pid: int | None, outside: _Outside) -> list[GpuHeld]:
-    gpu = outside.gpu
-    if pid is None or gpu is None or not gpu.by_pid:
-        return []
-    own = gpu.by_pid.get(pid, {})
-    workers: dict[int, int] = {}
-    for child in outside.descendants.get(pid, []):
-        for index, used in gpu.by_pid.get(child, {}).items():
-            workers[index] = workers.get(index, 0) + used
-    return [
-        GpuHeld(index=index, bytes=own.get(index, 0), workers_bytes=workers.get(index, 0))
-        for index in sorted(set(own) | set(workers))
-        if own.get(index, 0) or workers.get(index, 0)
-    ]
 
 
 def _answer(reply: Reply, elapsed_ms: float) -> _Answer:
@@ -223,7 +151,7 @@ class Fleet:
         # One worker thread: the outside reads (the process table, NVML) never run on the server's event loop.
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="nbcoord-outside")
         self._collecting: asyncio.Future[FleetView] | None = None
-        self._outside_job: asyncio.Future[_Outside] | None = None
+        self._outside_job: asyncio.Future[Outside] | None = None
 
     # ------------------------------------------------------------------------------------------ the view
     async def view(self) -> FleetView:
@@ -259,7 +187,7 @@ class Fleet:
             kernels=rows,
         )
 
-    def _read_outside(self, pids: list[int]) -> asyncio.Future[_Outside] | None:
+    def _read_outside(self, pids: list[int]) -> asyncio.Future[Outside] | None:
         """Start the outside reads on the worker thread; None while an earlier read has not come back (a stuck
         driver call must not pile up reads behind it)."""
         if self._outside_job is not None and not self._outside_job.done():
@@ -268,17 +196,17 @@ class Fleet:
         self._outside_job = loop.run_in_executor(self._executor, read_outside, pids, self._nvml)
         return self._outside_job
 
-    async def _outside_result(self, job: asyncio.Future[_Outside] | None) -> _Outside:
+    async def _outside_result(self, job: asyncio.Future[Outside] | None) -> Outside:
         if job is None:
-            return _Outside(gpu=_no_outside("an earlier read of processes and GPUs has not come back"))
+            return Outside(gpu=no_outside("an earlier read of processes and GPUs has not come back"))
         try:
             return await asyncio.wait_for(asyncio.shield(job), OUTSIDE_TIMEOUT_S)
         except asyncio.TimeoutError:
             log.warning("nbcoord: reading processes and GPUs took over %.0f s; going on without", OUTSIDE_TIMEOUT_S)
-            return _Outside(gpu=_no_outside("reading processes and GPUs is slow"))
+            return Outside(gpu=no_outside("reading processes and GPUs is slow"))
         except Exception:
             log.warning("nbcoord: reading processes from outside failed", exc_info=True)
-            return _Outside(gpu=_no_outside("reading processes and GPUs failed"))
+            return Outside(gpu=no_outside("reading processes and GPUs failed"))
 
     def _manager(self, kernel_id: str) -> Any:
         try:
@@ -307,7 +235,7 @@ class Fleet:
         return model
 
     def _safe_row(
-        self, kernel_id: str, km: Any, pid: int | None, *, path: str | None, answer: _Answer, outside: _Outside
+        self, kernel_id: str, km: Any, pid: int | None, *, path: str | None, answer: _Answer, outside: Outside
     ) -> KernelRow:
         """One kernel's row; a row that cannot be made is shown as an error without what the kernel said, so that
         one kernel never takes the view of the others down."""
@@ -319,7 +247,7 @@ class Fleet:
             log.warning("nbcoord: the row of kernel %s could not be made", shown(kernel_id), exc_info=True)
             failed = _Answer("error", error=shown(f"the server could not show this kernel: {type(error).__name__}: "
                                                   f"{error}", TEXT_CHARS))  # fmt: skip
-            return self._row(kernel_id, km, pid, path=path, answer=failed, outside=_Outside())
+            return self._row(kernel_id, km, pid, path=path, answer=failed, outside=Outside())
 
     def _log_off_schema(self, kernel_id: str, sentence: str) -> None:
         state = self._known.get(kernel_id)
@@ -330,7 +258,7 @@ class Fleet:
                     shown(kernel_id), sentence)  # fmt: skip
 
     def _row(
-        self, kernel_id: str, km: Any, pid: int | None, *, path: str | None, answer: _Answer, outside: _Outside
+        self, kernel_id: str, km: Any, pid: int | None, *, path: str | None, answer: _Answer, outside: Outside
     ) -> KernelRow:
         model = self._model(kernel_id)
         descendants = outside.descendants.get(pid) if pid is not None else None
@@ -343,7 +271,7 @@ class Fleet:
             connections=int(model.get("connections") or 0),
             pid=pid,
             rss=outside.rss.get(pid) if pid is not None and answer.status != "dead" else None,
-            gpu=_gpu_held(pid, outside) if answer.status != "dead" else [],
+            gpu=gpu_held(pid, outside) if answer.status != "dead" else [],
             worker_processes=len(descendants) if descendants is not None else None,
             status=answer.status,
             error=answer.error,
