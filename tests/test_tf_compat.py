@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from helpers import Kernel, wait_until
-from test_tensorflow import TF_KERNELS, collect_interrupted, marked_json, start_kernel
+from tf_support import TF_KERNELS, collect_interrupted, marked_json, start_kernel
 
 pytestmark = [pytest.mark.kernel, pytest.mark.tensorflow]
 
@@ -88,7 +88,10 @@ def test_mirrored_strategy_and_from_generator_leave_nothing_behind(kernel: Kerne
     wait_until(lambda: user_threads(kernel) == [], 10, what="the replica threads to end")
 
 
-def test_keras_fit_with_pydataset_workers_leaves_nothing_behind(kernel: Kernel) -> None:
+@pytest.fixture(scope="module")
+def keras_kernel(kernel: Kernel) -> Kernel:
+    """The kernel once Keras, a dataset of batches with two worker threads and a small model are defined (each
+    test that fits one asks for this, so that it runs alone too: ``-k`` selects it without the others)."""
     run(
         kernel,
         """
@@ -108,14 +111,20 @@ def test_keras_fit_with_pydataset_workers_leaves_nothing_behind(kernel: Kernel) 
                 return np.ones((8, 4), "float32"), np.ones((8, 1), "float32")
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
         model.compile("sgd", "mse")
-        model.fit(Batches(20, 0.0, **DATA), epochs=2, verbose=0, **FIT)
         """,
     )
+    return kernel
+
+
+def test_keras_fit_with_pydataset_workers_leaves_nothing_behind(keras_kernel: Kernel) -> None:
+    kernel = keras_kernel
+    run(kernel, "model.fit(Batches(20, 0.0, **DATA), epochs=2, verbose=0, **FIT)")
     wait_until(lambda: user_threads(kernel) == [], 10, what="fit's threads to end")
     assert kernel.evaluate("nbcoord.snapshot()['zombie_count']") == 0
 
 
-def test_an_interrupted_fit_leaves_only_threads_listed_with_its_cell(kernel: Kernel) -> None:
+def test_an_interrupted_fit_leaves_only_threads_listed_with_its_cell(keras_kernel: Kernel) -> None:
+    kernel = keras_kernel
     # Keras 2 used to lose this Interrupt: its previous fit's enqueuer was finalized (SequenceEnqueuer.__del__) in
     # the main thread during the next fit, swallowing the KeyboardInterrupt, because nbcoord's monitor held every
     # thread's frames while it sampled. The monitor now keeps (code, line) only.
