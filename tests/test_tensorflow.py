@@ -9,15 +9,12 @@ what it started.
 
 Every kernel runs on each TensorFlow release the package claims (:data:`TF_KERNELS`): tensorflow-cpu 2.21 in
 ``.venv``, and the oldest claimed, 2.15, in ``.venv-tf215`` (``NBCOORD_TF215_PYTHON``; ``tools/dev.py test``
-builds it). The other TensorFlow test files take their kernels from here too.
+builds it); the TensorFlow test modules share their kernels' set-up through ``tf_support``.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import sys
 import textwrap
 import time
 from collections.abc import Iterator
@@ -26,29 +23,9 @@ from typing import Any
 
 import pytest
 from helpers import CellResult, Kernel, wait_until
+from tf_support import KERNEL_ENV, TF_KERNELS, collect_interrupted, marked_json, start_kernel
 
 pytestmark = [pytest.mark.kernel, pytest.mark.tensorflow]
-
-KERNEL_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2"}
-REPO = Path(__file__).resolve().parent.parent
-
-
-def _tf_kernels() -> list[Any]:
-    """The interpreters the TensorFlow tier runs its kernels on: this one (tensorflow-cpu 2.21), and the one of the
-    oldest TensorFlow the package claims (2.15): ``$NBCOORD_TF215_PYTHON`` (empty: not built here), else
-    ``.venv-tf215`` when it exists."""
-    params = [pytest.param(sys.executable, id="tf2.21")]
-    configured = os.environ.get("NBCOORD_TF215_PYTHON")
-    if configured is None:
-        env = REPO / ".venv-tf215" / "bin" / "python"
-        configured = str(env) if env.exists() else ""
-    if configured:
-        params.append(pytest.param(configured, id="tf2.15"))
-    return params
-
-
-#: One ``pytest.param`` per TensorFlow release tested: the kernel's python, with the id ``tf<version>``.
-TF_KERNELS = _tf_kernels()
 
 #: Errors that runner threads outliving their session (or stopped badly) print.
 RUNNER_ERRORS = (
@@ -73,34 +50,6 @@ def value(kernel: Kernel, expression: str) -> Any:
 def assert_quiet(result: CellResult) -> None:
     found = [word for word in RUNNER_ERRORS if word in result.text]
     assert not found, f"runner errors printed ({found}):\n{result.text}"
-
-
-def collect_interrupted(kernel: Kernel, msg_id: str) -> CellResult:
-    """Collect a cell that was interrupted; if the kernel hangs instead, fail with every thread's stack."""
-    try:
-        return kernel.collect(msg_id, timeout=20)
-    except AssertionError as error:
-        dump = Path(kernel._tmp.name) / "stacks.txt"
-        os.kill(kernel.pid, signal.SIGUSR1)  # faulthandler, registered by the fixtures
-        wait_until(lambda: dump.exists() and dump.stat().st_size > 0, 5, what="the stack dump")
-        # The main thread first: CI shows the start and the end of a long failure, and it is the one that hangs.
-        stacks = dump.read_text().strip().split("\n\n")
-        stacks.sort(key=lambda stack: "kernelapp.py" not in stack)
-        raise AssertionError(f"{error}\nkernel stacks, the main thread first:\n" + "\n\n".join(stacks)) from None
-
-
-def start_kernel(python: str | None = None) -> Kernel:
-    """A kernel with nbcoord's test diagnostics: SIGUSR1 dumps every thread's stack to stacks.txt."""
-    k = Kernel(python=python, env=KERNEL_ENV)
-    run(
-        k,
-        f"""
-        import faulthandler as _faulthandler, signal as _signal
-        _stacks = open({str(Path(k._tmp.name) / "stacks.txt")!r}, "w")
-        _faulthandler.register(_signal.SIGUSR1, file=_stacks, all_threads=True)
-        """,
-    )
-    return k
 
 
 @pytest.fixture(scope="module", params=TF_KERNELS)
@@ -148,12 +97,6 @@ def tf_kernel(tf_setup: tuple[Kernel, dict[str, Any]]) -> Kernel:
     return tf_setup[0]
 
 
-def marked_json(result: CellResult) -> Any:
-    """The JSON a cell printed after ``@@``."""
-    line = next(line for line in result.stdout.splitlines() if line.startswith("@@"))
-    return json.loads(line[2:])
-
-
 def fresh_graph(kernel: Kernel) -> None:
     run(kernel, "tf.compat.v1.reset_default_graph()")
 
@@ -166,7 +109,7 @@ def stop_all(kernel: Kernel) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------ registration
 def test_loading_does_not_import_tensorflow(shared_kernel: Kernel) -> None:
     """Runs before any test imports TensorFlow in the shared kernel (tests run in file order)."""
-    hooked = "__import__('nbcoord')._imports.hook_installed()"
+    hooked = "__import__('nbcoord.core.imports').core.imports.hook_installed()"
     assert value(shared_kernel, "'tensorflow' in __import__('sys').modules") is False
     assert value(shared_kernel, hooked) is True
     run(shared_kernel, "%unload_ext nbcoord")
@@ -321,7 +264,7 @@ def test_s1_blocked_dequeue_is_explained_and_interrupt_ends_it(tf_kernel: Kernel
     # Part 2: the traceback holds the cell's frames and nbcoord's one, not TensorFlow's (IPython formats every
     # frame, twice, with its file's source: that was most of the time from Interrupt to the cell's end).
     frames = "".join(result.errors[0]["traceback"])
-    assert "tensorflow/python" not in frames and "_tf_runs.py" in frames, frames
+    assert "tensorflow/python" not in frames and "nbcoord/tensorflow/runs.py" in frames, frames
     print("interrupt to KeyboardInterrupt in the cell:", result.stdout.strip())
     # The session and the queue are still usable.
     after = value(tf_kernel, "[float(sess.run(q.enqueue(5.0)) or sess.run(deq)), int(sess.run(q.size()))]")
@@ -395,7 +338,7 @@ def test_the_first_interrupts_traceback_is_prepared_right_after_tensorflows_impo
         result = collect_interrupted(kernel, cell)
         assert result.errors and result.errors[0]["ename"] == "KeyboardInterrupt", result.errors
         frames = "".join(result.errors[0]["traceback"])
-        assert "tensorflow/python" not in frames and "_tf_runs.py" in frames, frames
+        assert "tensorflow/python" not in frames and "nbcoord/tensorflow/runs.py" in frames, frames
     finally:
         kernel.close()
 

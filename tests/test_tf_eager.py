@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from helpers import Kernel, wait_until
-from test_tensorflow import KERNEL_ENV, TF_KERNELS, collect_interrupted, marked_json, start_kernel
+from tf_support import KERNEL_ENV, TF_KERNELS, collect_interrupted, marked_json, start_kernel
 
 pytestmark = [pytest.mark.kernel, pytest.mark.tensorflow]
 

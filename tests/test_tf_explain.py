@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from helpers import Kernel
-from test_tensorflow import TF_KERNELS, start_kernel
+from tf_support import TF_KERNELS, start_kernel
 
 pytestmark = [pytest.mark.kernel, pytest.mark.tensorflow]
 

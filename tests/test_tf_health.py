@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from helpers import Kernel, wait_until
-from test_tensorflow import TF_KERNELS, marked_json, start_kernel
+from tf_support import TF_KERNELS, marked_json, start_kernel
 
 pytestmark = [pytest.mark.kernel, pytest.mark.tensorflow]
 

@@ -18,7 +18,7 @@ import pytest
 from nbcoord.core.fallbacks import Fallbacks
 from nbcoord.tensorflow import internals
 from nbcoord.tensorflow.graph import run_op_names
-from nbcoord.tensorflow.objects import mark_closed, session_is_open
+from nbcoord.tensorflow.records import mark_closed, session_is_open
 from nbcoord.tensorflow.runs import warm_traceback
 
 pytestmark = [pytest.mark.tensorflow]

@@ -22,7 +22,7 @@ from helpers import wait_until
 
 from nbcoord.core import imports as _imports
 from nbcoord.core.patches import ClassPatches
-from nbcoord.tensorflow.objects import CloseRecord, QueueState
+from nbcoord.tensorflow.records import CloseRecord, QueueState
 from nbcoord.tensorflow.runs import InterruptWatcher, RunTracker
 
 

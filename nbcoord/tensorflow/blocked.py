@@ -24,7 +24,8 @@ from typing import Any
 from nbcoord.core.registry import Registry
 from nbcoord.tensorflow.graph import QueueUse, RunAnalyzer, run_op_names
 from nbcoord.tensorflow.internals import prepare_callable
-from nbcoord.tensorflow.objects import QueueInfo, QueueState, TFObjects, session_is_open
+from nbcoord.tensorflow.objects import TFObjects
+from nbcoord.tensorflow.records import QueueInfo, QueueState, session_is_open
 from nbcoord.tensorflow.runs import RunState, RunTracker, RunView, frames_to, warm_traceback
 
 log = logging.getLogger("nbcoord")

@@ -30,7 +30,8 @@ from typing import Any
 
 from nbcoord.core.registry import Owner, Registry
 from nbcoord.core.stop import ThreadStopped
-from nbcoord.tensorflow.objects import EAGER, CloseRecord, QueueInfo, TFObjects
+from nbcoord.tensorflow.objects import TFObjects
+from nbcoord.tensorflow.records import EAGER, CloseRecord, QueueInfo
 from nbcoord.tensorflow.runs import frames_to, warm_traceback
 
 log = logging.getLogger("nbcoord")

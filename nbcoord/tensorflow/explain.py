@@ -29,15 +29,8 @@ from nbcoord.core.internals import calling_frame
 from nbcoord.core.registry import Registry
 from nbcoord.tensorflow.blocked import plural, seconds
 from nbcoord.tensorflow.graph import QueueUse, RunAnalyzer, queue_use, run_op_names
-from nbcoord.tensorflow.objects import (
-    EAGER,
-    CloseRecord,
-    QueueInfo,
-    QueueState,
-    SessionInfo,
-    TFObjects,
-    session_is_open,
-)
+from nbcoord.tensorflow.objects import TFObjects
+from nbcoord.tensorflow.records import EAGER, CloseRecord, QueueInfo, QueueState, SessionInfo, session_is_open
 from nbcoord.tensorflow.runs import RunTracker
 
 log = logging.getLogger("nbcoord")

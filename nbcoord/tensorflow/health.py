@@ -26,7 +26,8 @@ from typing import Any, TypedDict
 from nbcoord.core.registry import Registry
 from nbcoord.tensorflow.blocked import BlockedRuns
 from nbcoord.tensorflow.internals import runner_active_in
-from nbcoord.tensorflow.objects import QueueInfo, RunnerInfo, SessionInfo, TFObjects, session_is_open
+from nbcoord.tensorflow.objects import TFObjects
+from nbcoord.tensorflow.records import QueueInfo, RunnerInfo, SessionInfo, session_is_open
 from nbcoord.tensorflow.runs import RunTracker
 
 log = logging.getLogger("nbcoord")

@@ -15,7 +15,7 @@ where that runs exactly the cancel op: plain TensorFlow's stop of 10 runners spe
 Eager queues that threads in scope use are closed the same way (see :mod:`._tf_eager`). Every close nbcoord makes
 is remembered with the queue (who closed it, when, from which stop), for the sentence of the errors that follow.
 
-Closing a session first stops its runner threads through the extension's one stop (so that it yields a report
+Closing a session first stops its runner threads through the one stop (so that it yields a report
 like any other stop); only when that cannot run (a close from inside a stop) does it stop and join them here.
 """
 
@@ -38,7 +38,8 @@ from nbcoord.tensorflow.internals import (
     restore_closed_exception_types,
     thread_call,
 )
-from nbcoord.tensorflow.objects import CloseRecord, QueueInfo, QueueState, RunnerInfo, TFObjects, session_is_open
+from nbcoord.tensorflow.objects import TFObjects
+from nbcoord.tensorflow.records import CloseRecord, QueueInfo, QueueState, RunnerInfo, session_is_open
 from nbcoord.tensorflow.runs import RunTracker
 
 log = logging.getLogger("nbcoord")

@@ -1,0 +1,75 @@
+"""What the TensorFlow test modules share: the TensorFlow releases their kernels run on, a kernel with nbcoord's
+test diagnostics, the Interrupt's collection, and the JSON a cell printed.
+
+:data:`TF_KERNELS`: tensorflow-cpu 2.21 in ``.venv``, and the oldest claimed, 2.15, in ``.venv-tf215``
+(``NBCOORD_TF215_PYTHON``; ``tools/dev.py test`` builds it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import CellResult, Kernel, wait_until
+
+KERNEL_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2"}
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _tf_kernels() -> list[Any]:
+    """The interpreters the TensorFlow tier runs its kernels on: this one (tensorflow-cpu 2.21), and the one of the
+    oldest TensorFlow the package claims (2.15): ``$NBCOORD_TF215_PYTHON`` (empty: not built here), else
+    ``.venv-tf215`` when it exists."""
+    params = [pytest.param(sys.executable, id="tf2.21")]
+    configured = os.environ.get("NBCOORD_TF215_PYTHON")
+    if configured is None:
+        env = REPO / ".venv-tf215" / "bin" / "python"
+        configured = str(env) if env.exists() else ""
+    if configured:
+        params.append(pytest.param(configured, id="tf2.15"))
+    return params
+
+
+#: One ``pytest.param`` per TensorFlow release tested: the kernel's python, with the id ``tf<version>``.
+TF_KERNELS = _tf_kernels()
+
+
+def collect_interrupted(kernel: Kernel, msg_id: str) -> CellResult:
+    """Collect a cell that was interrupted; if the kernel hangs instead, fail with every thread's stack."""
+    try:
+        return kernel.collect(msg_id, timeout=20)
+    except AssertionError as error:
+        dump = Path(kernel._tmp.name) / "stacks.txt"
+        os.kill(kernel.pid, signal.SIGUSR1)  # faulthandler, registered by the fixtures
+        wait_until(lambda: dump.exists() and dump.stat().st_size > 0, 5, what="the stack dump")
+        # The main thread first: CI shows the start and the end of a long failure, and it is the one that hangs.
+        stacks = dump.read_text().strip().split("\n\n")
+        stacks.sort(key=lambda stack: "kernelapp.py" not in stack)
+        raise AssertionError(f"{error}\nkernel stacks, the main thread first:\n" + "\n\n".join(stacks)) from None
+
+
+def start_kernel(python: str | None = None) -> Kernel:
+    """A kernel with nbcoord's test diagnostics: SIGUSR1 dumps every thread's stack to stacks.txt."""
+    k = Kernel(python=python, env=KERNEL_ENV)
+    k.run(
+        textwrap.dedent(
+            f"""
+        import faulthandler as _faulthandler, signal as _signal
+        _stacks = open({str(Path(k._tmp.name) / "stacks.txt")!r}, "w")
+        _faulthandler.register(_signal.SIGUSR1, file=_stacks, all_threads=True)
+        """
+        )
+    )
+    return k
+
+
+def marked_json(result: CellResult) -> Any:
+    """The JSON a cell printed after ``@@``."""
+    line = next(line for line in result.stdout.splitlines() if line.startswith("@@"))
+    return json.loads(line[2:])
