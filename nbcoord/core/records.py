@@ -7,7 +7,9 @@ Threads are held by weak reference too, so that a finished thread is forgotten o
 from __future__ import annotations
 
 import threading
+import traceback
 import weakref
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import CodeType, FrameType
@@ -207,6 +209,44 @@ def line_of(code: CodeType, offset: int) -> int:
 def running_table() -> dict[int, threading.Thread] | None:
     """The interpreter's table of running threads, once :func:`find_thread_tables` looked it up (None: none)."""
     return _running
+
+
+class FailureLog:
+    """The recent exceptions that escaped threads, oldest first, at most ``keep`` of them."""
+
+    def __init__(self, keep: int) -> None:
+        self._lock = threading.Lock()  # guards _failures and each failure's ``reported``
+        self._failures: deque[ThreadFailure] = deque(maxlen=keep)
+
+    def add(
+        self, tid: str | None, thread: threading.Thread | None, cell: int | None, exc: BaseException, at: float
+    ) -> ThreadFailure:
+        """Keep ``exc`` with its traceback as text (never the traceback object: it holds frames)."""
+        failure = ThreadFailure(
+            tid=tid,
+            thread_name=thread.name if thread is not None else "?",
+            cell=cell,
+            exc_type=type(exc).__name__,
+            message=str(exc)[:500],
+            traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+            at=at,
+            notes=[str(note)[:500] for note in getattr(exc, "__notes__", None) or []][:5],
+        )
+        with self._lock:
+            self._failures.append(failure)
+        return failure
+
+    def recent(self) -> list[ThreadFailure]:
+        with self._lock:
+            return list(self._failures)
+
+    def take_unreported(self) -> list[ThreadFailure]:
+        """Failures not yet announced in a cell; marks them announced."""
+        with self._lock:
+            pending = [failure for failure in self._failures if not failure.reported]
+            for failure in pending:
+                failure.reported = True
+            return pending
 
 
 def find_thread_tables() -> None:

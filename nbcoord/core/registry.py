@@ -14,19 +14,18 @@ import itertools
 import logging
 import threading
 import time
-import traceback
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from types import FrameType
 from typing import Any
 
-from nbcoord.core import zombies
-from nbcoord.core.internals import current_frames
+from nbcoord.core import activity, attribution, zombies
 from nbcoord.core.records import (
     INTERNAL_PREFIX,
     CellInfo,
     CellOutcome,
+    FailureLog,
     Owner,
     PendingStart,
     ThreadFailure,
@@ -84,7 +83,7 @@ class Registry:
         #: after a fork, from whichever thread forked). Asked once per drain: modules come and go.
         self._kernel_classes = kernel_classes
         self._kernel_classes_now: tuple[type, ...] = ()
-        # Guards _threads, _by_ident, _cells, _current_cell, _failures and every record's mutable fields.
+        # Guards _threads, _by_ident, _cells, _current_cell and every record's mutable fields.
         self._lock = threading.RLock()
         self._threads: dict[str, ThreadRecord] = {}
         self._by_ident: dict[int, ThreadRecord] = {}
@@ -94,7 +93,7 @@ class Registry:
         self._alive_at_prune: tuple[int, set[int]] = (-1, set())
         self._cells: dict[int, CellInfo] = {}
         self._current_cell: CellInfo | None = None
-        self._failures: deque[ThreadFailure] = deque(maxlen=MAX_FAILURES)
+        self.failure_log = FailureLog(MAX_FAILURES)
         self._ids = itertools.count(1)
         #: Threads started but not yet registered (see note_started); appended without the lock.
         self._pending: deque[PendingStart] = deque()
@@ -249,39 +248,9 @@ class Registry:
         gone: dict[int, ThreadRecord] | None = None,
     ) -> ThreadRecord:
         """What a queued start's record says (``thread`` None: it is already gone; the record is not kept)."""
-        _, parent_ref, parent_ident, stack, owner, main_cell, now = entry
-        parent = parent_ref()
-        name = thread.name if thread is not None else ""
-        internal = name.startswith(INTERNAL_PREFIX)  # nbcoord names its threads when it makes them
-        parent_record = self._parent_record(parent_ref, parent_ident, gone)
-        cell: CellInfo | None
-        if parent_record is not None:
-            cell = parent_record.cell
-            if cell is None and parent is main:
-                cell = main_cell
-            preexisting = parent_record.preexisting and parent is not main
-            internal = internal or parent_record.internal
-            claimed = parent_record.claimed
-            parent_tid: str | None = parent_record.tid
-        else:
-            cell = main_cell if parent is main else None
-            preexisting = claimed = False
-            parent_tid = None
-        if cell is not None and thread is not None and isinstance(thread, self._kernel_classes_now):
-            cell = None  # the kernel's own, wherever it was started (its threads then are the kernel's too)
-        parent_name = parent.name if parent is not None else parent_record.name if parent_record is not None else None
-        if thread is None:
-            return ThreadRecord(
-                "", entry[0], name, None, None, False, now, cell, parent_name, parent_tid, stack, preexisting,
-                internal, claimed,
-            )
-        # Threads started by the kernel's own threads (or by nbcoord's) count as theirs, not the user's.
-        record = self._new_record(
-            thread, ident, name, now, cell, parent_name, parent_tid, stack, preexisting, internal, claimed
-        )
-        if owner is not None:
-            record.owners.append(owner)
-        return record
+        parent_record = self._parent_record(entry[1], entry[2], gone)
+        tid = f"t{next(self._ids)}" if thread is not None else ""
+        return attribution.record_of(entry, thread, main, ident, parent_record, self._kernel_classes_now, tid)
 
     def _parent_record(
         self, parent_ref: weakref.ref[threading.Thread], parent_ident: int | None, gone: dict[int, ThreadRecord] | None
@@ -301,44 +270,11 @@ class Registry:
             if thread.ident is None or thread.ident in self._by_ident:
                 continue
             ident, name = thread.ident, thread.name
-            record = self._new_record(thread, ident, name, now, None, None, None, [], True, internal(thread), False)
+            record = attribution.new_record(
+                f"t{next(self._ids)}", thread, ident, name, now, None, None, None, [], True, internal(thread), False
+            )
             with self._lock:
                 self._add(record)
-
-    def _new_record(  # noqa: PLR0917 (positional on purpose: a keyword call costs twice as much, per thread)
-        self,
-        thread: threading.Thread,
-        ident: int | None,
-        name: str,
-        now: float,
-        cell: CellInfo | None,
-        parent_name: str | None,
-        parent_tid: str | None,
-        stack: list[Any],
-        preexisting: bool,
-        internal: bool,
-        claimed: bool,
-    ) -> ThreadRecord:
-        """A record with a fresh id and what the Thread object itself says (its ident and name as the caller read
-        them, once); the rest says where it came from."""
-        record = ThreadRecord(
-            f"t{next(self._ids)}",
-            weakref.ref(thread),
-            name,
-            ident,
-            thread.native_id,
-            thread.daemon,
-            now,
-            cell,
-            parent_name,
-            parent_tid,
-            stack,
-            preexisting,
-            internal,
-            claimed,
-        )
-        record.last_active = now
-        return record
 
     def _add(self, record: ThreadRecord) -> None:
         # A finished thread's ident can be reused by the OS: the newer record wins.
@@ -538,18 +474,9 @@ class Registry:
     def thread_failed(self, thread: threading.Thread | None, exc: BaseException) -> ThreadFailure:
         """Keep an exception that escaped a thread, with its traceback, thread and cell."""
         record = self.for_thread(thread) if thread is not None else None
-        failure = ThreadFailure(
-            tid=record.tid if record is not None else None,
-            thread_name=thread.name if thread is not None else "?",
-            cell=record.cell.execution_count if record is not None and record.cell is not None else None,
-            exc_type=type(exc).__name__,
-            message=str(exc)[:500],
-            traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
-            at=self._clock(),
-            notes=[str(note)[:500] for note in getattr(exc, "__notes__", None) or []][:5],
-        )
+        cell = record.cell.execution_count if record is not None and record.cell is not None else None
+        failure = self.failure_log.add(record.tid if record is not None else None, thread, cell, exc, self._clock())
         with self._lock:
-            self._failures.append(failure)
             if record is not None:
                 record.last_exception = failure
                 record.row_cache = None
@@ -557,58 +484,27 @@ class Registry:
 
     def failures(self) -> list[ThreadFailure]:
         """Recent thread failures, oldest first."""
-        with self._lock:
-            return list(self._failures)
+        return self.failure_log.recent()
 
     def take_unreported_failures(self) -> list[ThreadFailure]:
         """Failures not yet announced in a cell; marks them announced."""
-        with self._lock:
-            pending = [failure for failure in self._failures if not failure.reported]
-            for failure in pending:
-                failure.reported = True
-            return pending
+        return self.failure_log.take_unreported()
 
     # -------------------------------------------------------------------------------------------- activity
     def sample_activity(self) -> None:
-        """Note which threads moved since the last sample (their innermost frame or line changed), and which
-        owners closed (the moment a thread became a zombie for that reason).
-
-        Also forgets finished threads, so the registry stays small when no view asks for snapshots.
-        """
-        # Only (code, line) of each thread: holding the frames themselves (through the lock, for the whole sample)
-        # would keep what they refer to alive and let it be finalized later, in another thread (Keras' enqueuer,
-        # whose __del__ then swallowed the main thread's KeyboardInterrupt).
-        frames = current_frames()
-        where = {ident: (id(frame.f_code), frame.f_lineno) for ident, frame in frames.items()}
-        del frames
+        """Note which threads moved since the last sample and which owners closed (see
+        :func:`nbcoord.core.activity.note_moves`). Also forgets finished threads, so the registry stays small when
+        no view asks for snapshots."""
+        where = activity.where_threads_are()
         now = self._clock()
         with self._lock:
             self._drain()
             self._prune()
-            for record in self._threads.values():
-                thread = record.thread_ref()
-                if thread is not None and thread.name != record.name:
-                    record.name = thread.name
-                    record.row_cache = None
-                    self._version += 1  # the name table is out of date
-                signature = where.get(record.ident) if record.ident is not None else None
-                if signature != record.activity_signature:
-                    record.activity_signature = signature
-                    record.last_active = now
-                    record.row_cache = None
-                if record.owners and record.owner_closed_at is None and any(o.closed() for o in record.owners):
-                    record.owner_closed_at = now  # when it became a zombie for this reason, to the sample
+            if activity.note_moves(self._threads.values(), where, now):
+                self._version += 1  # a thread was renamed: the name table is out of date
 
     def note_cpu(self, cpu_by_native_id: dict[int, float]) -> None:
         """Record threads' CPU times (by native id); a change counts as activity."""
         now = self._clock()
         with self._lock:
-            for record in self._threads.values():
-                cpu_s = cpu_by_native_id.get(record.native_id) if record.native_id is not None else None
-                if cpu_s is None:
-                    continue
-                if record.cpu_s is not None and cpu_s > record.cpu_s + 1e-3:
-                    record.last_active = now
-                if cpu_s != record.cpu_s:
-                    record.cpu_s = cpu_s
-                    record.row_cache = None
+            activity.note_cpu(self._threads.values(), cpu_by_native_id, now)
