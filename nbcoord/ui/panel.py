@@ -66,17 +66,13 @@ from nbcoord.ui.commands import (
     parse_command,
     reject,
 )
+from nbcoord.ui.fields import name_cut
+from nbcoord.ui.history import change_points, panel_history
+from nbcoord.ui.memory import memory_close, steady_resources
+from nbcoord.ui.outcomes import restart_state
+from nbcoord.ui.runs import templated
 from nbcoord.ui.sender import SENDER_THREAD_NAME, Sender, TraitSender
-from nbcoord.ui.state import (
-    _blocked_row,
-    change_points,
-    memory_close,
-    name_cut,
-    panel_history,
-    panel_state,
-    restart_state,
-    steady_resources,
-)
+from nbcoord.ui.state import panel_state
 from nbcoord.ui.widget import NBCoordPanel, esm_path
 
 __all__ = [
@@ -109,7 +105,9 @@ MAX_DUTY: Final = 0.005
 _MAX_VIEWS: Final = 64
 #: The click id a joined command is checked with (its clicks' own ids are checked one by one).
 _JOINED_PLACEHOLDER: Final = "joined-0"
-#: The former name of :func:`._panel_state.memory_close`.
+# Former names, read here by tests (tests/test_panel_kernel.py): a blocked run's row (.runs.templated) and the
+# closeness of memory figures (.memory.memory_close).
+_blocked_row = templated
 _memory_close = memory_close
 #: Commands that raised (a bug, not a rejection): a few lines a minute at most, whatever floods in.
 _log_failure = RateLimited(logging.WARNING, burst=3, window=60.0)

@@ -22,15 +22,16 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from nbcoord.core.threads import INTERNAL_PREFIX
+from nbcoord.ui import sections
 
 log = logging.getLogger("nbcoord")
 
 SENDER_THREAD_NAME: Final = f"{INTERNAL_PREFIX}panel"
 #: A trait larger than this is sent at most every (size / this) intervals.
 BYTES_PER_INTERVAL: Final = 64 * 1024
-#: Traits that go together: when one is held back (too big to send this often), so are the others, so that a
-#: view never shows a group's count with another moment's rows.
-TOGETHER: Final = (frozenset({"threads", "ledger", "groups", "cells"}),)
+#: Traits that go together (the sections paced as ``rows``): when one is held back (too big to send this often), so
+#: are the others, so that a view never shows a group's count with another moment's rows.
+TOGETHER: Final = sections.TOGETHER
 
 
 def to_json(value: Any) -> str:

@@ -16,32 +16,14 @@ import anywidget
 import traitlets
 
 from nbcoord.core.log import RateLimited, short
+from nbcoord.ui import sections
 
 log = logging.getLogger("nbcoord")
 #: A front end can send state updates as fast as it likes: a few lines a minute, keys cut short.
 _log_refused_state = RateLimited(logging.WARNING, burst=5, window=60.0)
 
-#: Every synced trait but ``_esm`` and ``_fast_route``: what the front end listens to.
-STATE_TRAITS: Final = (
-    "header",
-    "threads",
-    "ledger",
-    "groups",
-    "cells",
-    "cell_memory",
-    "sessions",
-    "queues",
-    "blocked",
-    "resources",
-    "failures",
-    "history",
-    "last_stop",
-    "outcome",
-    "stack",
-    "clock",
-    "beat",
-    "ack",
-)
+#: Every synced trait but ``_esm`` and ``_fast_route``: what the front end listens to (one per registered section).
+STATE_TRAITS: Final = sections.STATE_TRAITS
 
 
 def esm_path() -> Path:
@@ -61,14 +43,13 @@ def _read_esm() -> str:
         return "export default { render({ el }) { el.textContent = 'nbcoord: panel module missing'; } };"
 
 
-def _list() -> Any:
-    return traitlets.List().tag(sync=True)
-
-
-def _dict(allow_none: bool = False) -> Any:
-    if allow_none:
-        return traitlets.Dict(allow_none=True, default_value=None).tag(sync=True)
-    return traitlets.Dict().tag(sync=True)
+def _trait(section: sections.Section) -> Any:
+    """The synced trait of a registered section, of its kind."""
+    if section.kind == "list":
+        return traitlets.List(help=section.doc).tag(sync=True)
+    if section.kind == "optional":
+        return traitlets.Dict(allow_none=True, default_value=None, help=section.doc).tag(sync=True)
+    return traitlets.Dict(help=section.doc).tag(sync=True)
 
 
 class NBCoordPanel(anywidget.AnyWidget):
@@ -76,28 +57,10 @@ class NBCoordPanel(anywidget.AnyWidget):
 
     _esm = _read_esm()
 
-    header = _dict()
-    threads = _list()
-    ledger = _list()
-    groups = _list()
-    cells = _list()
-    cell_memory = _list()
-    sessions = _list()
-    queues = _list()
-    blocked = _list()
-    resources = _dict(allow_none=True)
-    failures = _list()
-    history = _dict()
-    last_stop = _dict(allow_none=True)
-    #: The last restart or reclaim: its kind, the clicks it answered, its text.
-    outcome = _dict(allow_none=True)
-    stack = _dict(allow_none=True)
-    clock = _dict(allow_none=True)
-    beat = _dict(allow_none=True)
-    #: The clicks the kernel has taken (sent at once, before the action runs): a click without one within a
-    #: second was not handled, and the view says why.
-    ack = _dict(allow_none=True)
-    _fast_route = _dict()
+    # One synced trait per registered section (nbcoord.ui.sections.SECTIONS), set in the class namespace so that
+    # traitlets' metaclass sees them as declared here (a class body's locals() is that namespace: PEP 667).
+    locals().update({section.trait: _trait(section) for section in sections.SECTIONS})
+    _fast_route = traitlets.Dict().tag(sync=True)
 
     def __init__(self, text_form: Callable[[], str], on_display: Callable[[], None], **state: Any) -> None:
         self._text_form = text_form
