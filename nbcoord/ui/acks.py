@@ -1,7 +1,7 @@
 """The acknowledgement of panel clicks: at once, before their action runs, and in a flood a few messages for many.
 
 A click the front end sees no acknowledgement for within a second was not handled (the main thread holds the GIL
-in a C call), and the view says so; see :mod:`._panel`.
+in a C call), and the view says so; see :mod:`.panel`.
 """
 
 from __future__ import annotations

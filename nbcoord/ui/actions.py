@@ -11,26 +11,41 @@
 - **Stop background work** (``stop`` without ``interrupt``) and the per-cell, per-thread and zombie stops: the
   one stop only; the running cell goes on.
 - **Restart** a TensorFlow session's runners: :func:`nbcoord.restart_runners`.
-- **Reclaim memory**: ``nbcoord.reclaim(outputs=False)``, on the main thread (the
-  controller runs it there: at once, or when the kernel's event loop is next free). Reclaims are joined as stops
+- **Reclaim memory**: ``nbcoord.reclaim(outputs=False)``, on the main thread (:meth:`ActionRunner.on_main_loop`
+  runs it there: at once, or when the kernel's event loop is next free). Reclaims are joined as stops
   are (:class:`Reclaims`): clicks that arrive while a reclaim waits or runs join it, and one runs at most every
   ``RECLAIM_SPACING_S``, so that a flood of clicks costs the main thread one or two reclaims, not one per click
   (300 clicks, about 50 ms each, kept the kernel from answering a cell for 13-20 s).
+
+:class:`ActionRunner` does each, over the :class:`Host` (the one stop, with its check of a stop's thread) and
+:class:`PanelActions` (what the panel reaches besides it); :mod:`.answers` turns what each did into its outcome.
 """
 
 from __future__ import annotations
 
 import _thread
+import dataclasses
 import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
+from nbcoord.core.host import Host
 from nbcoord.ui.commands import Command
 
 log = logging.getLogger("nbcoord")
+
+
+@dataclasses.dataclass(frozen=True)
+class PanelActions:
+    """What the panel reaches besides the :class:`Host`: the resource probe's history ring, a reclaim of memory
+    (outputs left alone; None: not offered) and a restart of a TensorFlow session's runners."""
+
+    history: Callable[[], Sequence[Mapping[str, Any]]]
+    reclaim: Callable[[], Mapping[str, Any]] | None
+    restart: Callable[[str], Mapping[str, Any]]
 
 
 def interrupt_main() -> str | None:
@@ -145,3 +160,73 @@ class Reclaims:
             self._done(answered, result)
         else:
             self._failed(answered, failure or RuntimeError("the reclaim gave no report"))
+
+
+class ActionRunner:
+    """What the panel's actions do: a stop or a restart (on the action thread, :class:`.commands.StopRunner`), a
+    reclaim (on the main thread, :class:`Reclaims`); and the line a cell that Stop all interrupted prints at its
+    end."""
+
+    def __init__(self, host: Host, actions: PanelActions) -> None:
+        self.host = host
+        self.actions = actions
+        self._lock = threading.Lock()  # guards _interrupted
+        self._interrupted: dict[int, str] = {}  # cell -> the line its end prints (a Stop all interrupted it)
+
+    def run(self, command: Command) -> dict[str, Any]:
+        """The action runner's work (on its own thread): a stop, or a restart of a session's runners."""
+        if command.type == "restart":
+            assert command.session is not None
+            return {"kind": "restart", "report": dict(self.actions.restart(command.session))}
+        registry = self.host.registry
+        running = registry.current_cell() if command.interrupt else None
+        report = self.host.stop(command.scope, force=command.force, cell=command.cell, tid=command.tid)
+        interrupt: dict[str, Any] | None = None
+        if command.interrupt:
+            interrupt = self._interrupt(running, report)
+        return {"kind": "stop", "report": report, "interrupt": interrupt}
+
+    def reclaim_report(self) -> dict[str, Any]:
+        """One reclaim (on the main thread, the only one it may run on), as an action's result."""
+        return {"kind": "reclaim", "report": reclaim(self.actions.reclaim)}
+
+    def on_main_loop(self, callback: Callable[[], None], delay: float) -> str | None:
+        """Run ``callback`` on the main thread once the kernel's event loop is free (after the running cell), and
+        ``delay`` seconds from now at the earliest; returns why it cannot."""
+        loop = getattr(getattr(self.host.shell, "kernel", None), "io_loop", None)
+        add_callback = getattr(loop, "add_callback", None)
+        if not callable(add_callback):
+            return "the kernel's main thread cannot be reached from here"
+        call_later = getattr(loop, "call_later", None)
+        if delay <= 0 or not callable(call_later):
+            add_callback(callback)
+        else:
+            # add_callback is the loop's one thread-safe entry; call_later is then called on the loop's thread.
+            add_callback(lambda: call_later(delay, callback))
+        return None
+
+    def interrupted_line(self, execution_count: object) -> str | None:
+        """After a cell: the line to print if the panel's Stop all interrupted it (and forget every other)."""
+        with self._lock:
+            line = self._interrupted.pop(execution_count, None) if isinstance(execution_count, int) else None
+            self._interrupted.clear()  # a signal that came too late found the cell ended: nothing to say
+        return line
+
+    def _interrupt(self, running: Any, report: Mapping[str, Any]) -> dict[str, Any]:
+        """Stop all's second half: interrupt the cell that was running at the click, if it still runs."""
+        if running is None:
+            return {"cell": None, "sent": False, "why": "no cell was running"}
+        cell = running.execution_count
+        if self.host.registry.current_cell() is not running:
+            return {"cell": cell, "sent": False, "why": f"cell [{cell}] ended by itself"}
+        stopped = len(report["stopped"])
+        also = f", and stopped {stopped} thread{'' if stopped == 1 else 's'} the cells had started" if stopped else ""
+        line = f"nbcoord: the panel's Stop all interrupted cell [{cell}]{also}."
+        with self._lock:
+            self._interrupted[cell] = line
+        why = interrupt_main()
+        if why is not None:
+            with self._lock:
+                self._interrupted.pop(cell, None)
+            log.warning("nbcoord: Stop all could not interrupt cell [%d]: %s", cell, why)
+        return {"cell": cell, "sent": why is None, "why": why}

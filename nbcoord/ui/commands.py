@@ -5,7 +5,8 @@ stop of all may also interrupt the running cell), a restart of a TensorFlow sess
 memory, a stack request, a view's presence. Each carries a ``click_id`` of the form ``<view id>-<n>``, where the
 panel's module numbers each view's clicks. Every command is checked by :func:`parse_command` against the ids this
 kernel issued: a thread id must name a live thread that a cell started (never the kernel's own threads, never
-nbcoord's), a cell number a cell that ran, a session id a session of the last snapshot that can be restarted.
+nbcoord's: the one check of a stop's thread, ``Host.check_stoppable``, through :func:`thread_check`), a cell number
+a cell that ran, a session id a session of the last snapshot that can be restarted.
 Every field is checked by type and range before it is used (a list where a string belongs, ``10**400``, NaN, a
 value nested 400 deep or 100,000 characters long are all rejected the same way, never raised). Anything else
 raises :class:`Rejected`, which the caller logs through a rate limit, with values cut short (the reason and the
@@ -20,18 +21,18 @@ Stops and restarts are run by :class:`StopRunner`, on a thread of its own, never
 the main thread: taking a click costs a few microseconds whatever the action costs, and a click that arrives while
 an equal action waits or runs joins it (a burst of clicks is one stop, one report). A click for yet another action
 when ``MAX_WAITING_STOPS`` different ones already wait is refused, and its outcome says so: every click that was
-acknowledged gets an outcome. Reclaims run on the main thread (see :mod:`._panel_actions`).
+acknowledged gets an outcome. Reclaims run on the main thread (see :mod:`.actions`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, Literal
 
 from nbcoord.core.log import RateLimited, short
@@ -81,7 +82,7 @@ class Rejected(ValueError):
     """A command from the front end that is not one this kernel accepts."""
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Command:
     """A validated command from the front end."""
 
@@ -196,6 +197,20 @@ def parse_command(
     return _parse_stop(content, click_id, clicked_at, thread_exists, cell_exists)
 
 
+def thread_check(check_stoppable: Callable[[str], None]) -> Callable[[str], bool]:
+    """``thread_exists`` for :func:`parse_command` from the one check of a stop's thread (``Host.check_stoppable``,
+    which raises ValueError): a command naming a thread the stop would refuse is rejected before it is taken."""
+
+    def thread_exists(tid: str) -> bool:
+        try:
+            check_stoppable(tid)
+        except ValueError:
+            return False
+        return True
+
+    return thread_exists
+
+
 def _known_thread(content: Mapping[str, Any], thread_exists: Callable[[str], bool]) -> str:
     tid = _checked_id(content, "tid")
     if not thread_exists(tid):
@@ -244,6 +259,17 @@ def _parse_stop(
         interrupt=interrupt,
         clicked_at=clicked_at,
     )
+
+
+def joined_commands(command: Command, click_ids: Sequence[str]) -> list[Command]:
+    """``command`` once per click id that joined it on the fast route; ids of another form are rejected."""
+    commands = []
+    for click_id in click_ids:
+        if is_click_id(click_id):
+            commands.append(dataclasses.replace(command, click_id=click_id, clicked_at=None))
+        else:
+            reject(Rejected("click_id must be <view id>-<number>"), {"type": command.type, "click_id": click_id})
+    return commands
 
 
 def reject(why: Rejected, content: object) -> None:
