@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 from helpers import wait_until
 
-from nbcoord.core.registry import Owner, Registry, ThreadRecord
+from nbcoord.core.records import Owner, ThreadRecord
+from nbcoord.core.registry import Registry
 from nbcoord.core.stop import ThreadStopped
 from nbcoord.core.threads import ThreadHooks, executor_owner
 

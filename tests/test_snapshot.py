@@ -15,7 +15,8 @@ import pytest
 from helpers import wait_until
 
 from nbcoord.core import snapshot as _snapshot
-from nbcoord.core.registry import Owner, Registry
+from nbcoord.core.records import Owner
+from nbcoord.core.registry import Registry
 from nbcoord.core.snapshot import SharedRow, SnapshotBuilder
 from nbcoord.core.threads import ThreadHooks
 

@@ -17,7 +17,8 @@ import pytest
 from helpers import wait_until
 
 from nbcoord.core import fork as _fork
-from nbcoord.core.registry import Registry, ThreadRecord
+from nbcoord.core.records import ThreadRecord
+from nbcoord.core.registry import Registry
 from nbcoord.core.stop import ScopeKind, StopMechanism, StopReport, StopScope, ThreadStopped
 from nbcoord.core.threads import ThreadHooks
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nbcoord.core.host import Host
-from nbcoord.core.registry import CellOutcome
+from nbcoord.core.records import CellOutcome
 from nbcoord.core.text import shown
 
 log = logging.getLogger("nbcoord")

@@ -23,7 +23,8 @@ import psutil
 from nbcoord.core import checks
 from nbcoord.core.callbacks import Callbacks
 from nbcoord.core.config import NBCoord
-from nbcoord.core.registry import CellInfo, Registry
+from nbcoord.core.records import CellInfo
+from nbcoord.core.registry import Registry
 from nbcoord.core.snapshot import Snapshot, SnapshotBuilder
 from nbcoord.core.stop import ChildFinder, ScopeKind, StopMechanism, StopReport, StopScope
 from nbcoord.core.threads import Monitor, kernel_thread_classes

@@ -34,22 +34,8 @@ from nbcoord.core.records import (
     creation_stack,
     find_thread_tables,
     is_starting,
-    line_of,
     running_table,
 )
-
-__all__ = [  # the record types are imported from here by the parts too
-    "INTERNAL_PREFIX",
-    "CellInfo",
-    "CellOutcome",
-    "Owner",
-    "Registry",
-    "ThreadFailure",
-    "ThreadRecord",
-    "ZombieReason",
-    "creation_stack",
-    "line_of",
-]
 
 log = logging.getLogger("nbcoord")
 

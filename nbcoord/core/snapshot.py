@@ -15,7 +15,8 @@ from typing import Any, TypedDict
 
 from nbcoord.core.callbacks import Callbacks
 from nbcoord.core.internals import WAITING_FUNCTIONS, calling_frame, current_frames
-from nbcoord.core.registry import CellInfo, Registry, ThreadFailure, ThreadRecord
+from nbcoord.core.records import CellInfo, ThreadFailure, ThreadRecord
+from nbcoord.core.registry import Registry
 
 log = logging.getLogger("nbcoord")
 

@@ -37,7 +37,8 @@ import psutil
 from nbcoord.core import fork as _fork
 from nbcoord.core.callbacks import Callbacks
 from nbcoord.core.internals import current_frames, raise_in_thread
-from nbcoord.core.registry import Registry, ThreadRecord
+from nbcoord.core.records import ThreadRecord
+from nbcoord.core.registry import Registry
 from nbcoord.core.snapshot import CellOfFile, format_stack
 
 log = logging.getLogger("nbcoord")

@@ -17,7 +17,8 @@ from typing import Any
 
 from nbcoord.core.callbacks import Callbacks
 from nbcoord.core.internals import executor_name, executor_shut_down, executor_spawn_code, frame_getter
-from nbcoord.core.registry import INTERNAL_PREFIX, Owner, Registry
+from nbcoord.core.records import INTERNAL_PREFIX, Owner
+from nbcoord.core.registry import Registry
 
 __all__ = [
     "INTERNAL_PREFIX", "Monitor", "ThreadHooks", "executor_owner", "kernel_thread_classes", "owner_from_caller",

@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING, Any
 
 from nbcoord.core import fork as _fork
 from nbcoord.core.internals import ipython_tee_cell
-from nbcoord.core.registry import CellInfo
+from nbcoord.core.records import CellInfo
 from nbcoord.core.stop import ThreadStopped
 from nbcoord.kernel.output_areas import Area, Run, Writer
 

@@ -9,7 +9,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from nbcoord.core.registry import CellInfo, ThreadRecord
+from nbcoord.core.records import CellInfo, ThreadRecord
 from nbcoord.core.snapshot import OutputRow, OutputThreadRow
 
 #: A line longer than this is cut (one line of a 100 MB write must not become one 100 MB update).

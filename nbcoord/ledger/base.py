@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from nbcoord.core.fork import on_fork_child
 from nbcoord.core.host import Host
-from nbcoord.core.registry import CellInfo
+from nbcoord.core.records import CellInfo
 from nbcoord.core.snapshot import LedgerRow, ZombieReasonRow
 from nbcoord.core.stop import ItemOutcome, StopScope
 from nbcoord.ledger.stopping import Pending, wait_all

@@ -30,7 +30,7 @@ from typing import Any
 
 from nbcoord.core.imports import when_imported
 from nbcoord.core.patches import ClassPatches
-from nbcoord.core.registry import CellInfo, Owner
+from nbcoord.core.records import CellInfo, Owner
 from nbcoord.core.snapshot import LedgerRow
 from nbcoord.core.stop import ItemOutcome, StopScope
 from nbcoord.ledger import internals

@@ -38,7 +38,7 @@ from typing import Any
 
 import psutil
 
-from nbcoord.core.registry import CellInfo
+from nbcoord.core.records import CellInfo
 from nbcoord.core.snapshot import LedgerRow
 from nbcoord.core.stop import ItemOutcome, StopScope
 from nbcoord.ledger import internals

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from nbcoord.core.registry import CellInfo
+from nbcoord.core.records import CellInfo
 from nbcoord.core.stop import ItemOutcome
 from nbcoord.ledger import internals
 

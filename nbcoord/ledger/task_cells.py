@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from nbcoord.core.registry import CellInfo
+from nbcoord.core.records import CellInfo
 
 #: How many new tasks of one cell wait for the next look at most.
 PENDING_MAX = 1 << 16

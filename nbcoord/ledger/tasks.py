@@ -43,7 +43,7 @@ from types import FrameType
 from typing import Any
 
 from nbcoord.core.patches import ClassPatches
-from nbcoord.core.registry import CellInfo
+from nbcoord.core.records import CellInfo
 from nbcoord.core.snapshot import LedgerRow, code_location
 from nbcoord.core.stop import StopScope
 from nbcoord.ledger import internals

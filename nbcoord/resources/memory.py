@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from nbcoord.core import fork as _fork
-from nbcoord.core.registry import CellInfo
+from nbcoord.core.records import CellInfo
 from nbcoord.core.snapshot import CellGpuRow, CellMemory
 from nbcoord.resources.probes import ResourceProbe, Resources, format_bytes
 

@@ -28,7 +28,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from nbcoord.core.registry import Owner, Registry
+from nbcoord.core.records import Owner
+from nbcoord.core.registry import Registry
 from nbcoord.core.stop import ThreadStopped
 from nbcoord.tensorflow.objects import TFObjects
 from nbcoord.tensorflow.records import EAGER, CloseRecord, QueueInfo

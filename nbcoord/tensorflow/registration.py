@@ -10,7 +10,8 @@ import time
 import weakref
 from typing import Any
 
-from nbcoord.core.registry import Owner, Registry
+from nbcoord.core.records import Owner
+from nbcoord.core.registry import Registry
 from nbcoord.tensorflow.graph import graph_of
 from nbcoord.tensorflow.internals import QueueArgs, queue_constructor_args, runner_thread_functions, thread_call
 from nbcoord.tensorflow.objects import TFObjects

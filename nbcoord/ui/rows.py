@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from nbcoord.core.internals import current_frames
-from nbcoord.core.registry import ThreadRecord
+from nbcoord.core.records import ThreadRecord
 from nbcoord.core.snapshot import LedgerRow, ThreadRow, creation_lines, format_stack
 from nbcoord.core.text import TEXT_CHARS
 from nbcoord.ui.fields import name_cut, reasons, rounded, significant
