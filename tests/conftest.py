@@ -1,40 +1,61 @@
-"""Fixtures shared by the test tiers."""
+"""Fixtures shared by the test tiers: the one test kernel.
+
+``kernel`` is one kernel for the module (per parameter): kernel starts are the expensive part, so tests share it, and
+each test starts threads with names of its own, looks only at those, and ends them or puts back what it changed.
+``own_kernel`` is a kernel for one test alone, for tests that end it or must see it fresh. Both take a
+:class:`helpers.KernelOptions` (or a python's path) as parameter: from ``@pytest.mark.parametrize("kernel", ...,
+indirect=True)`` on the test, else from the module's ``KERNEL_OPTIONS`` (a list of parameters, e.g.
+``helpers.kernel_params(KERNEL_PYTHONS)``), else the default: this interpreter, nbcoord loaded by ``%load_ext``.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
-from helpers import Kernel
+from helpers import Kernel, KernelOptions, start_kernel
+
+KERNEL_FIXTURES = ("kernel", "own_kernel")
 
 
-@pytest.fixture
-def kernel() -> Iterator[Kernel]:
-    """A fresh real kernel with nbcoord loaded."""
-    k = Kernel()
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Parametrize the kernel fixtures with the module's ``KERNEL_OPTIONS`` where the test does not itself."""
+    options = getattr(metafunc.module, "KERNEL_OPTIONS", None)
+    if options is None:
+        return
+    for name in KERNEL_FIXTURES:
+        if name not in metafunc.fixturenames:
+            continue
+        own = [m for m in metafunc.definition.iter_markers("parametrize") if name in _argnames(m.args[0])]
+        if not own:
+            metafunc.parametrize(name, options, indirect=True)
+
+
+def _argnames(names: Any) -> list[str]:
+    return [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names)
+
+
+def _options(request: pytest.FixtureRequest) -> KernelOptions | str | None:
+    options: KernelOptions | str | None = getattr(request, "param", None)
+    return options
+
+
+@pytest.fixture(scope="module")
+def kernel(request: pytest.FixtureRequest) -> Iterator[Kernel]:
+    """One kernel for the module's tests (per parameter)."""
+    k = start_kernel(_options(request))
     try:
-        k.run("%load_ext nbcoord")
         yield k
     finally:
         k.close()
 
 
 @pytest.fixture
-def bare_kernel() -> Iterator[Kernel]:
-    """A fresh real kernel without nbcoord."""
-    k = Kernel()
+def own_kernel(request: pytest.FixtureRequest) -> Iterator[Kernel]:
+    """A kernel for this test alone."""
+    k = start_kernel(_options(request))
     try:
-        yield k
-    finally:
-        k.close()
-
-
-@pytest.fixture
-def kernel_on(request: pytest.FixtureRequest) -> Iterator[Kernel]:
-    """A fresh real kernel with nbcoord loaded, on the interpreter the test parametrizes it with (indirect)."""
-    k = Kernel(python=request.param)
-    try:
-        k.run("%load_ext nbcoord")
         yield k
     finally:
         k.close()

@@ -24,6 +24,9 @@ The ids are ``py3.10``, ``py3.11`` and ``py3.13`` (select with ``-k py3.13``):
 ``python3 tools/dev.py test`` builds those environments and sets both variables; it sets one to the empty string
 when that Python is not installed here, and says so at its start and in its summary. An interpreter that is not
 there is left out of the list, so its tests are not collected at all rather than reported as skipped.
+
+:data:`IK6` is the kernel of the older ipykernel line (6, in ``.venv-ik6``, on this Python; ``$NBCOORD_IK6_PYTHON``
+overrides), id ``ipykernel6``, skipped where that environment is not built.
 """
 
 from __future__ import annotations
@@ -60,6 +63,15 @@ _VERSIONS = _discover()
 
 #: One ``pytest.param`` per available interpreter: the python's path, with the id ``py<major>.<minor>``.
 KERNEL_PYTHONS = [pytest.param(python, id=f"py{major}.{minor}") for python, (major, minor) in _VERSIONS.items()]
+
+#: The python of the ipykernel 6 environment tools/dev.py builds.
+IK6_PYTHON = Path(os.environ.get("NBCOORD_IK6_PYTHON", REPO / ".venv-ik6" / "bin" / "python"))
+#: ``pytest.param`` of :data:`IK6_PYTHON`, id ``ipykernel6``.
+IK6 = pytest.param(
+    str(IK6_PYTHON),
+    id="ipykernel6",
+    marks=pytest.mark.skipif(not IK6_PYTHON.exists(), reason=f"no ipykernel 6 environment at {IK6_PYTHON}"),
+)
 
 
 def version_of(python: object) -> tuple[int, int]:

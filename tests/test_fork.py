@@ -30,7 +30,7 @@ from typing import Any
 
 import psutil
 import pytest
-from helpers import Kernel, wait_until
+from helpers import Kernel, kernel_params, marked_json, wait_until
 from interpreters import KERNEL_PYTHONS
 
 pytestmark = pytest.mark.kernel
@@ -126,31 +126,20 @@ def use_nbcoord(directory):
 JOIN_S = 30
 
 
-@pytest.fixture(scope="module", params=KERNEL_PYTHONS)
-def kernel(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kernel]:
-    """One kernel per interpreter with nbcoord loaded, the targets importable, and the SIGTERM handler it had
-    before nbcoord recorded as ``SIGTERM_BEFORE``."""
-    work = tmp_path_factory.mktemp("forkwork")
-    (work / "nbcoord_forkwork.py").write_text(WORK, encoding="utf-8")
-    k = Kernel(python=request.param)
-    try:
-        k.run(
-            f"import sys; sys.path.insert(0, {str(work)!r})\n"
-            "import concurrent.futures as cf, multiprocessing as mp, os, signal, json, time\n"
-            "import nbcoord_forkwork as fw\n"
-            "SIGTERM_BEFORE = repr(signal.getsignal(signal.SIGTERM))"
-        )
-        k.run("%load_ext nbcoord")
-        yield k
-    finally:
-        k.close()
+#: One kernel per interpreter (conftest's ``kernel``) with nbcoord loaded, the targets importable (written into its
+#: working folder, on its sys.path), and the SIGTERM handler it had before nbcoord recorded as ``SIGTERM_BEFORE``.
+KERNEL_OPTIONS = kernel_params(
+    KERNEL_PYTHONS,
+    setup=f"import sys, os; open('nbcoord_forkwork.py', 'w').write({WORK!r}); sys.path.insert(0, os.getcwd())\n"
+    "import concurrent.futures as cf, multiprocessing as mp, os, signal, json, time\n"
+    "import nbcoord_forkwork as fw\n"
+    "SIGTERM_BEFORE = repr(signal.getsignal(signal.SIGTERM))",
+)
 
 
 def run_json(kernel: Kernel, code: str, timeout: float = 90) -> Any:
     """Run a cell that sets ``RESULT``; returns it."""
-    result = kernel.run(code + "\nimport json as _j; print('@@' + _j.dumps(RESULT))", timeout=timeout)
-    line = next(line for line in result.stdout.splitlines() if line.startswith("@@"))
-    return json.loads(line[2:])
+    return marked_json(kernel.run(code + "\nimport json as _j; print('@@' + _j.dumps(RESULT))", timeout=timeout))
 
 
 _pings = itertools.count()

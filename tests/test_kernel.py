@@ -7,30 +7,26 @@ of its own, looks only at those, and ends them, so the tests do not depend on ea
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from helpers import CellResult, Kernel, wait_until
+from helpers import CellResult, Kernel, KernelOptions, wait_until
 
 pytestmark = pytest.mark.kernel
 
 
-@pytest.fixture(scope="module")
-def kernel() -> Iterator[Kernel]:
-    """One kernel with nbcoord loaded; what load replaced is kept in ``_before`` to check unload against."""
-    k = Kernel()
-    try:
-        k.run(
-            "import json, signal, threading, time\n"
+#: One kernel for the module (conftest's ``kernel``); what load replaced is kept in ``_before`` to check unload against.
+KERNEL_OPTIONS = [
+    pytest.param(
+        KernelOptions(
+            setup="import json, signal, threading, time\n"
             "_before = (threading.Thread.start, threading.excepthook, signal.getsignal(signal.SIGTERM),\n"
-            "           get_ipython().kernel.do_shutdown.__func__)"
-        )
-        k.run("%load_ext nbcoord")
-        k.run("import nbcoord")
-        yield k
-    finally:
-        k.close()
+            "           get_ipython().kernel.do_shutdown.__func__)",
+            after="import nbcoord",
+        ),
+        id="py",
+    )
+]
 
 
 def count_of(result: CellResult) -> int:
@@ -57,31 +53,9 @@ def cell_row(kernel: Kernel, count: int) -> dict[str, Any]:
 
 def execute_with_cell_id(kernel: Kernel, code: str, cell_id: str) -> CellResult:
     """An execute request as JupyterLab sends it: the cell's id in the message metadata ("cellId")."""
-    content = {
-        "code": code,
-        "silent": False,
-        "store_history": True,
-        "user_expressions": {},
-        "allow_stdin": False,
-        "stop_on_error": True,
-    }
-    msg = kernel.kc.session.msg("execute_request", content, metadata={"cellId": cell_id})
-    kernel.kc.shell_channel.send(msg)
-    result = kernel.collect(msg["header"]["msg_id"])
+    result = kernel.collect(kernel.submit(code, cell_id=cell_id))
     assert result.status == "ok", result.errors
     return result
-
-
-def run_until_printed(kernel: Kernel, code: str, marker: str) -> str:
-    """Submit a long cell and return once it has printed ``marker`` (so that it is past that point)."""
-    msg_id = kernel.submit(code)
-
-    def printed() -> bool:
-        kernel._drain_iopub(msg_id, 0.05)
-        return marker in kernel._iopub[msg_id].stdout
-
-    wait_until(printed, timeout=30, what=f"the cell to print {marker!r}")
-    return msg_id
 
 
 def interrupted(kernel: Kernel, msg_id: str) -> CellResult:
@@ -144,8 +118,7 @@ def test_threads_started_by_threads_and_executors(kernel: Kernel) -> None:
 
 # ------------------------------------------------------------------------------------------------- zombies
 def test_interrupted_cell_leaves_a_named_zombie(kernel: Kernel) -> None:
-    msg_id = run_until_printed(
-        kernel,
+    msg_id = kernel.submit_until_printed(
         "irq_stop = threading.Event()\n"
         "threading.Thread(target=irq_stop.wait, name='irq-victim', daemon=True).start()\n"
         "print('started', flush=True)\n"
@@ -238,8 +211,7 @@ def test_stop_magic_stops_a_cooperative_thread(kernel: Kernel) -> None:
 def test_stop_on_interrupt_stops_the_interrupted_cells_threads(kernel: Kernel) -> None:
     kernel.run("%nbcoord config stop_on_interrupt=true")
     try:
-        msg_id = run_until_printed(
-            kernel,
+        msg_id = kernel.submit_until_printed(
             COOPERATIVE.format(name="soi")
             + "soi_release = threading.Event()\n"
             + "threading.Thread(target=soi_release.wait, name='soi-stubborn', daemon=True).start()\n"
@@ -329,21 +301,18 @@ print("cell ends", flush=True)
 """
 
 
-def test_nbcoords_log_goes_to_the_servers_log_never_into_the_running_cell() -> None:
+@pytest.mark.parametrize("own_kernel", [KernelOptions(log=True)], indirect=True, ids=["log"])
+def test_nbcoords_log_goes_to_the_servers_log_never_into_the_running_cell(own_kernel: Kernel) -> None:
     # ipykernel 7 points file descriptor 2 (sys.__stderr__ too) at a pipe whose text it sends to the running cell.
-    kernel = Kernel(log=True)
-    try:
-        kernel.run("%load_ext nbcoord")
-        result = kernel.run(CHATTER)
-        wait_until(lambda: "probe 29 from a thread" in kernel.log_text(), 10, 0.05, "nbcoord's log in the kernel's")
-        after = kernel.run("import sys; sys.stderr.flush(); sys.stdout.flush()")
-        assert result.stdout == "cell starts\ncell ends\n" and result.stderr == ""
-        assert "probe" not in after.text
-        assert "\x1b" not in kernel.log_text(), "a control character reached the log raw"
-        kernel.run("%unload_ext nbcoord")
-        assert kernel.evaluate("len(__import__('logging').getLogger('nbcoord').handlers)") == 0
-    finally:
-        kernel.close()
+    kernel = own_kernel
+    result = kernel.run(CHATTER)
+    wait_until(lambda: "probe 29 from a thread" in kernel.log_text(), 10, 0.05, "nbcoord's log in the kernel's")
+    after = kernel.run("import sys; sys.stderr.flush(); sys.stdout.flush()")
+    assert result.stdout == "cell starts\ncell ends\n" and result.stderr == ""
+    assert "probe" not in after.text
+    assert "\x1b" not in kernel.log_text(), "a control character reached the log raw"
+    kernel.run("%unload_ext nbcoord")
+    assert kernel.evaluate("len(__import__('logging').getLogger('nbcoord').handlers)") == 0
 
 
 def test_the_history_thread_ipython_restarts_after_a_fork_in_a_cell_stays_the_kernels(kernel: Kernel) -> None:

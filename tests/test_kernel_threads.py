@@ -8,14 +8,11 @@ answers and shuts down normally afterwards.
 
 from __future__ import annotations
 
-import tempfile
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import Kernel
+from helpers import Kernel, kernel_params
 from interpreters import KERNEL_PYTHONS
 
 pytestmark = pytest.mark.kernel
@@ -27,33 +24,8 @@ kernel_objects = {t.ident: t for t in threading.enumerate() if t is not threadin
 """
 
 
-@pytest.fixture(params=KERNEL_PYTHONS)
-def python(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture
-def configured_kernel(python: str) -> Iterator[Kernel]:
-    """A kernel that loads nbcoord from its IPython configuration, before ipykernel starts its parent poller."""
-    with tempfile.TemporaryDirectory(prefix="nbcoord-ipython-") as ipython_dir:
-        profile = Path(ipython_dir) / "profile_default"
-        profile.mkdir()
-        (profile / "ipython_kernel_config.py").write_text("c.InteractiveShellApp.extensions = ['nbcoord']\n")
-        kernel = Kernel(python=python, env={"IPYTHONDIR": ipython_dir})
-        try:
-            yield kernel
-        finally:
-            kernel.close()
-
-
-@pytest.fixture
-def loaded_kernel(python: str) -> Iterator[Kernel]:
-    kernel = Kernel(python=python)
-    try:
-        kernel.run("%load_ext nbcoord")
-        yield kernel
-    finally:
-        kernel.close()
+#: A kernel per test (conftest's ``own_kernel``: the tests end it), on every kernel interpreter, nbcoord loaded.
+KERNEL_OPTIONS = kernel_params(KERNEL_PYTHONS)
 
 
 def kernel_threads(kernel: Kernel) -> list[dict[str, Any]]:
@@ -75,7 +47,8 @@ def assert_exits_cleanly(kernel: Kernel) -> float:
     return took
 
 
-def test_stop_by_id_refuses_every_kernel_thread(loaded_kernel: Kernel) -> None:
+def test_stop_by_id_refuses_every_kernel_thread(own_kernel: Kernel) -> None:
+    loaded_kernel = own_kernel
     rows = kernel_threads(loaded_kernel)
     names = {row["name"] for row in rows}
     assert {"Control", "IOPub"} <= names or len(rows) >= 3, names
@@ -104,7 +77,10 @@ def test_stop_by_id_refuses_every_kernel_thread(loaded_kernel: Kernel) -> None:
     assert_exits_cleanly(loaded_kernel)
 
 
-def test_loaded_by_configuration_the_parent_poller_is_the_kernels(configured_kernel: Kernel) -> None:
+# nbcoord loaded by IPython's configuration, before ipykernel starts its parent poller.
+@pytest.mark.parametrize("own_kernel", kernel_params(KERNEL_PYTHONS, nbcoord="config"), indirect=True)
+def test_loaded_by_configuration_the_parent_poller_is_the_kernels(own_kernel: Kernel) -> None:
+    configured_kernel = own_kernel
     configured_kernel.run("import nbcoord")
     assert configured_kernel.evaluate("nbcoord._extension is not None")
     rows = kernel_threads(configured_kernel)
@@ -128,22 +104,20 @@ def test_loaded_by_configuration_the_parent_poller_is_the_kernels(configured_ker
     assert_exits_cleanly(configured_kernel)
 
 
-def test_threads_of_the_loading_cell_are_that_cells(python: str) -> None:
-    kernel = Kernel(python=python)
-    try:
-        result = kernel.run(
-            "%load_ext nbcoord\n"
-            "import threading, nbcoord\n"
-            "def coop():\n"
-            "    while not nbcoord.should_stop():\n"
-            "        threading.Event().wait(0.01)\n"
-            "same_cell = threading.Thread(target=coop, name='same-cell-as-load')\n"
-            "same_cell.start()"
-        )
-        count = int(result.reply["content"]["execution_count"])
-        row = kernel.evaluate("next(r for r in nbcoord.snapshot()['threads'] if r['name'] == 'same-cell-as-load')")
-        assert row["user"] and row["cell"] == count
-        report = kernel.evaluate(f"nbcoord.stop_all(cell={count}, grace=5)")
-        assert [r["name"] for r in report["stopped"]] == ["same-cell-as-load"]
-    finally:
-        kernel.close()
+@pytest.mark.parametrize("own_kernel", kernel_params(KERNEL_PYTHONS, nbcoord="off"), indirect=True)
+def test_threads_of_the_loading_cell_are_that_cells(own_kernel: Kernel) -> None:
+    kernel = own_kernel
+    result = kernel.run(
+        "%load_ext nbcoord\n"
+        "import threading, nbcoord\n"
+        "def coop():\n"
+        "    while not nbcoord.should_stop():\n"
+        "        threading.Event().wait(0.01)\n"
+        "same_cell = threading.Thread(target=coop, name='same-cell-as-load')\n"
+        "same_cell.start()"
+    )
+    count = int(result.reply["content"]["execution_count"])
+    row = kernel.evaluate("next(r for r in nbcoord.snapshot()['threads'] if r['name'] == 'same-cell-as-load')")
+    assert row["user"] and row["cell"] == count
+    report = kernel.evaluate(f"nbcoord.stop_all(cell={count}, grace=5)")
+    assert [r["name"] for r in report["stopped"]] == ["same-cell-as-load"]

@@ -15,33 +15,23 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import CellResult, Kernel, wait_until
-from interpreters import KERNEL_PYTHONS
+from helpers import Kernel, kernel_params, wait_until
+from interpreters import IK6, KERNEL_PYTHONS
 
 pytestmark = pytest.mark.kernel
 
-REPO = Path(__file__).resolve().parents[1]
-IK6_PYTHON = REPO / ".venv-ik6" / "bin" / "python"
-IK6 = pytest.param(
-    str(IK6_PYTHON),
-    id="ipykernel6",
-    marks=pytest.mark.skipif(not IK6_PYTHON.exists(), reason=f"no ipykernel 6 environment at {IK6_PYTHON}"),
-)
 #: ipykernel 7 on every kernel interpreter (3.10 has IPython 8, without its per-cell stream wrapper).
 PYTHONS7 = [pytest.param(p.values[0], id=f"ipykernel7-{p.id}") for p in KERNEL_PYTHONS]
 #: And ipykernel 6, which routes a cell's threads' text to that cell itself (nbcoord then leaves it alone).
 PYTHONS = [*PYTHONS7, IK6]
 
-#: Loads nbcoord and the route. The `_output.install` line is unnecessary once the extension's load installs it.
-INSTALL = """import threading
-_hook_before_nbcoord = threading.excepthook
-%load_ext nbcoord
-import json, os, sys, threading, time, warnings
+#: Before ``%load_ext nbcoord``: the excepthook the kernel had, to check unload against.
+BEFORE = "import threading\n_hook_before_nbcoord = threading.excepthook"
+#: After it, the route. The `_output.install` line is unnecessary once the extension's load installs it.
+INSTALL = """import json, os, sys, threading, time, warnings
 import nbcoord
 from nbcoord.kernel import output as _output
 _ext = nbcoord._extension
@@ -58,107 +48,51 @@ def set_routing(on):
 """
 
 
-class RecordingKernel(Kernel):
-    """A kernel whose every iopub message is also kept, in order (helpers.Kernel keeps only some kinds)."""
-
-    def __init__(self, python: str) -> None:
-        super().__init__(python=python)
-        self.messages: list[dict[str, Any]] = []
-        receive = self.kc.get_iopub_msg
-
-        def get_iopub_msg(*args: Any, **kwargs: Any) -> dict[str, Any]:
-            msg: dict[str, Any] = receive(*args, **kwargs)
-            self.messages.append(msg)
-            return msg
-
-        self.kc.get_iopub_msg = get_iopub_msg  # type: ignore[method-assign]
-
-    def submit_in_cell(self, code: str, cell_id: str) -> str:
-        """An execute request carrying a front end's cell id (as JupyterLab sends it), without waiting."""
-        msg = self.kc.session.msg(
-            "execute_request",
-            {"code": code, "silent": False, "store_history": True, "user_expressions": {}, "allow_stdin": False,
-             "stop_on_error": True},
-            metadata={"cellId": cell_id},
-        )
-        self.kc.shell_channel.send(msg)
-        msg_id: str = msg["header"]["msg_id"]
-        self._iopub[msg_id] = CellResult(reply={})
-        return msg_id
-
-    def pump(self) -> None:
-        """Read what iopub has now (into .messages)."""
-        self._drain_iopub("", 0.05)
-
-    def areas(self) -> dict[str, dict[str, Any]]:
-        """nbcoord's output areas by display id: the parent of the message that placed it, and its latest text."""
-        found: dict[str, dict[str, Any]] = {}
-        for msg in self.messages:
-            kind = msg["msg_type"]
-            if kind not in ("display_data", "update_display_data"):
-                continue
-            display_id = msg["content"].get("transient", {}).get("display_id", "")
-            if not display_id.startswith("nbcoord-output-"):
-                continue
-            if kind == "display_data":
-                found[display_id] = {"parent": msg["parent_header"].get("msg_id"), "updates": 0}
-            area = found.setdefault(display_id, {"parent": None, "updates": 0})
-            area["text"] = msg["content"]["data"]["text/plain"]
-            area["updates"] += kind == "update_display_data"
-        return found
-
-    def wait_for_area(self, *needles: str, timeout: float = 20.0) -> tuple[str, dict[str, Any]]:
-        """The area whose text holds every needle (pumping iopub meanwhile)."""
-
-        def found() -> tuple[str, dict[str, Any]] | None:
-            self.pump()
-            for display_id, area in self.areas().items():
-                if all(needle in area.get("text", "") for needle in needles):
-                    return display_id, area
-            return None
-
-        result = wait_until(found, timeout, 0.05, f"an output area with {needles}")
-        assert result is not None
-        return result
-
-    def streams(self) -> str:
-        """Every stream text the kernel sent, whatever its parent."""
-        return "".join(m["content"]["text"] for m in self.messages if m["msg_type"] == "stream")
+def areas(kernel: Kernel) -> dict[str, dict[str, Any]]:
+    """nbcoord's output areas by display id: the parent of the message that placed it, and its latest text."""
+    found: dict[str, dict[str, Any]] = {}
+    for msg in kernel.messages:
+        kind = msg["msg_type"]
+        if kind not in ("display_data", "update_display_data"):
+            continue
+        display_id = msg["content"].get("transient", {}).get("display_id", "")
+        if not display_id.startswith("nbcoord-output-"):
+            continue
+        if kind == "display_data":
+            found[display_id] = {"parent": msg["parent_header"].get("msg_id"), "updates": 0}
+        area = found.setdefault(display_id, {"parent": None, "updates": 0})
+        area["text"] = msg["content"]["data"]["text/plain"]
+        area["updates"] += kind == "update_display_data"
+    return found
 
 
-def _loaded(python: str) -> Iterator[RecordingKernel]:
-    k = RecordingKernel(python)
-    try:
-        k.run(INSTALL)
-        yield k
-    finally:
-        k.close()
+def wait_for_area(kernel: Kernel, *needles: str, timeout: float = 20.0) -> tuple[str, dict[str, Any]]:
+    """The area whose text holds every needle (pumping iopub meanwhile)."""
+
+    def found() -> tuple[str, dict[str, Any]] | None:
+        kernel.pump()
+        for display_id, area in areas(kernel).items():
+            if all(needle in area.get("text", "") for needle in needles):
+                return display_id, area
+        return None
+
+    result = wait_until(found, timeout, 0.05, f"an output area with {needles}")
+    assert result is not None
+    return result
 
 
-@pytest.fixture(params=PYTHONS)
-def kernel(request: pytest.FixtureRequest) -> Iterator[RecordingKernel]:
-    yield from _loaded(request.param)
-
-
-@pytest.fixture(params=PYTHONS7)
-def routing_kernel(request: pytest.FixtureRequest) -> Iterator[RecordingKernel]:
-    """A kernel whose ipykernel sends a thread's text under the latest request: the text nbcoord routes."""
-    yield from _loaded(request.param)
-
-
-@pytest.fixture(params=[IK6])
-def kernel6(request: pytest.FixtureRequest) -> Iterator[RecordingKernel]:
-    yield from _loaded(request.param)
-
-
-@pytest.fixture
-def kernel7() -> Iterator[RecordingKernel]:
-    k = RecordingKernel(sys.executable)
-    try:
-        k.run(INSTALL)
-        yield k
-    finally:
-        k.close()
+#: A kernel per test (conftest's ``own_kernel``: each test reads every message its kernel sent), nbcoord and the route
+#: loaded, on ipykernel 7 on every interpreter and on ipykernel 6.
+KERNEL_OPTIONS = kernel_params(PYTHONS, setup=BEFORE, after=INSTALL)
+#: The kernels whose ipykernel sends a thread's text under the latest request: the text nbcoord routes.
+ROUTING = pytest.mark.parametrize("own_kernel", kernel_params(PYTHONS7, setup=BEFORE, after=INSTALL), indirect=True)
+#: ipykernel 6 only, and ipykernel 7 on this interpreter only.
+IPYKERNEL6 = pytest.mark.parametrize("own_kernel", kernel_params([IK6], setup=BEFORE, after=INSTALL), indirect=True)
+IPYKERNEL7 = pytest.mark.parametrize(
+    "own_kernel",
+    kernel_params([pytest.param(sys.executable, id="ipykernel7")], setup=BEFORE, after=INSTALL),
+    indirect=True,
+)
 
 
 WORKER = """
@@ -177,14 +111,15 @@ printed.wait(10)
 """
 
 
-def test_thread_output_goes_to_the_cell_that_started_it(routing_kernel: RecordingKernel) -> None:
-    kernel = routing_kernel
+@ROUTING
+def test_thread_output_goes_to_the_cell_that_started_it(own_kernel: Kernel) -> None:
+    kernel = own_kernel
     a_id = kernel.submit(WORKER)
     a = kernel.collect(a_id)
     assert a.status == "ok"
     assert "worker: while cell A runs" in a.stdout  # its own cell still ran: plain output, as without nbcoord
     b = kernel.run('print("cell B runs"); go.set(); t.join(10)')
-    _, area = kernel.wait_for_area("worker: line 2", "RuntimeError: worker failed", "UserWarning: worker warning")
+    _, area = wait_for_area(kernel, "worker: line 2", "RuntimeError: worker failed", "UserWarning: worker warning")
     text = area["text"]
     assert area["parent"] == a_id, "the area is placed under cell A's own request"
     assert text.startswith("nbcoord: output of thread 'worker' started by this cell, written after it finished:")
@@ -208,7 +143,7 @@ def test_thread_output_goes_to_the_cell_that_started_it(routing_kernel: Recordin
     assert thread["lines"] >= 4 and thread["tid"].startswith("t")
 
 
-def stream_text_by_parent(kernel: RecordingKernel) -> dict[str, str]:
+def stream_text_by_parent(kernel: Kernel) -> dict[str, str]:
     """Every stream message's text, joined by the request it was sent under."""
     found: dict[str, str] = {}
     for msg in kernel.messages:
@@ -218,8 +153,9 @@ def stream_text_by_parent(kernel: RecordingKernel) -> dict[str, str]:
     return found
 
 
-def test_ipykernel6_routes_a_cells_threads_itself_and_nbcoord_leaves_it(kernel6: RecordingKernel) -> None:
-    kernel = kernel6
+@IPYKERNEL6
+def test_ipykernel6_routes_a_cells_threads_itself_and_nbcoord_leaves_it(own_kernel: Kernel) -> None:
+    kernel = own_kernel
     a_id = kernel.submit(WORKER)
     assert kernel.collect(a_id).status == "ok"
     b = kernel.run('print("cell B runs"); go.set(); t.join(10); sys.stderr.flush(); sys.stdout.flush()')
@@ -230,7 +166,7 @@ def test_ipykernel6_routes_a_cells_threads_itself_and_nbcoord_leaves_it(kernel6:
     )
     assert "worker: line 1\nworker: line 2\n" in by_parent[a_id]
     assert "UserWarning: worker warning" in by_parent[a_id]
-    assert kernel.areas() == {}, "nbcoord moved text that ipykernel 6 routes itself"
+    assert areas(kernel) == {}, "nbcoord moved text that ipykernel 6 routes itself"
     assert "cell B runs" in b.stdout and "worker:" not in b.text
 
 
@@ -248,12 +184,11 @@ threading.Thread(target=late_newline).start()
 """
 
 
-def test_text_written_after_its_cell_ended_but_before_another_request_stays_with_the_kernel(
-    routing_kernel: RecordingKernel,
-) -> None:
+@ROUTING
+def test_text_written_after_its_cell_ended_but_before_another_request_stays_with_the_kernel(own_kernel: Kernel) -> None:
     # ipykernel sends it under the latest request, still the thread's own cell: the stream that cell showed
     # (ipykernel's test_print_to_correct_cell_from_thread[none] lost a print's newline, written just after the cell).
-    kernel = routing_kernel
+    kernel = own_kernel
     a_id = kernel.submit(LATE_NEWLINE)
     assert kernel.collect(a_id).status == "ok"
     wait_until(
@@ -261,13 +196,14 @@ def test_text_written_after_its_cell_ended_but_before_another_request_stays_with
         10, 0.05, "the newline under the thread's own cell",
     )
     assert kernel.evaluate("done.wait(10)") is True
-    assert kernel.areas() == {}
+    assert areas(kernel) == {}
 
 
-def test_what_a_cells_threads_wrote_goes_out_before_the_cells_reply(routing_kernel: RecordingKernel) -> None:
+@ROUTING
+def test_what_a_cells_threads_wrote_goes_out_before_the_cells_reply(own_kernel: Kernel) -> None:
     # The second line comes within the area's update interval of the first: not sent at once. It must still be out
     # before cell B's reply, not a second later under whichever request comes next.
-    kernel = routing_kernel
+    kernel = own_kernel
     kernel.run("""
 go = threading.Event()
 def two_lines():
@@ -277,7 +213,7 @@ def two_lines():
 t = threading.Thread(target=two_lines)
 t.start()""")
     kernel.run("go.set(); t.join(10)")
-    (area,) = kernel.areas().values()  # what arrived up to B's idle status, nothing read since
+    (area,) = areas(kernel).values()  # what arrived up to B's idle status, nothing read since
     assert "first line\nsecond line" in area["text"]
 
 
@@ -298,8 +234,9 @@ t.start()
 """
 
 
-def test_a_thread_that_sets_its_own_parent_is_left_to_the_kernel(kernel7: RecordingKernel) -> None:
-    kernel = kernel7  # set_thread_parent: ipykernel 7.4 (7.3, the last for Python 3.10, has only set_parent)
+@IPYKERNEL7
+def test_a_thread_that_sets_its_own_parent_is_left_to_the_kernel(own_kernel: Kernel) -> None:
+    kernel = own_kernel  # set_thread_parent: ipykernel 7.4 (7.3, the last for Python 3.10, has only set_parent)
     a_id = kernel.submit(EXPLICIT_PARENT)
     assert kernel.collect(a_id).status == "ok"
     b_id = kernel.submit("step.set(); done.wait(10)")
@@ -314,11 +251,12 @@ def test_a_thread_that_sets_its_own_parent_is_left_to_the_kernel(kernel7: Record
     assert by_parent[a_id] == "own parent, while its cell runs\nown parent, after its cell\n"
     assert b_id not in by_parent
     assert by_parent[c_id] == "parent reset\n"
-    assert kernel.areas() == {}, "nbcoord moved text whose parent the thread set"
+    assert areas(kernel) == {}, "nbcoord moved text whose parent the thread set"
 
 
-def test_a_flood_is_bounded(kernel7: RecordingKernel) -> None:
-    kernel = kernel7
+@IPYKERNEL7
+def test_a_flood_is_bounded(own_kernel: Kernel) -> None:
+    kernel = own_kernel
     kernel.run("""
 go = threading.Event()
 def flood():
@@ -329,7 +267,7 @@ def flood():
 t = threading.Thread(target=flood, name="flood")
 t.start()""")
     kernel.run("go.set(); t.join(30)")
-    _, area = kernel.wait_for_area("line 4999", "no newline at the end")
+    _, area = wait_for_area(kernel, "line 4999", "no newline at the end")
     lines = area["text"].split("\n")
     assert lines[1] == (
         "... 4,800 earlier line(s) not shown (nbcoord keeps the last 200 lines per cell: NBCoord.output_lines)"
@@ -344,8 +282,9 @@ t.start()""")
     assert row["last_lines"] == ["line 4997", "line 4998", "line 4999"]
 
 
-def test_carriage_returns_and_long_lines(kernel7: RecordingKernel) -> None:
-    kernel = kernel7
+@IPYKERNEL7
+def test_carriage_returns_and_long_lines(own_kernel: Kernel) -> None:
+    kernel = own_kernel
     kernel.run("""
 go = threading.Event()
 def progress():
@@ -357,13 +296,14 @@ def progress():
 t = threading.Thread(target=progress, name="progress")
 t.start()""")
     kernel.run("go.set(); t.join(30)")
-    _, area = kernel.wait_for_area("progress 100%", "more characters not shown")
+    _, area = wait_for_area(kernel, "progress 100%", "more characters not shown")
     lines = area["text"].split("\n")
     assert lines[1:] == ["progress 100%", "x" * 2000 + "... [3,000 more characters not shown]"]
 
 
-def test_setting_off_leaves_output_to_the_kernel(kernel7: RecordingKernel) -> None:
-    kernel = kernel7
+@IPYKERNEL7
+def test_setting_off_leaves_output_to_the_kernel(own_kernel: Kernel) -> None:
+    kernel = own_kernel
     kernel.run("""
 set_routing(False)
 go = threading.Event()
@@ -375,12 +315,13 @@ t.start()""")
     b = kernel.run("go.set(); t.join(10); sys.stdout.flush()")
     assert "late line" in b.stdout  # ipykernel 7's own routing: the latest request
     kernel.pump()
-    assert kernel.areas() == {}
+    assert areas(kernel) == {}
     kernel.run("set_routing(True)")
 
 
-def test_a_rerun_cell_gets_the_output_of_its_earlier_run(kernel7: RecordingKernel) -> None:
-    kernel = kernel7
+@IPYKERNEL7
+def test_a_rerun_cell_gets_the_output_of_its_earlier_run(own_kernel: Kernel) -> None:
+    kernel = own_kernel
     code = """
 if "gates" not in globals():
     gates = []
@@ -390,11 +331,11 @@ def waiter(gate=gate, run=len(gates)):
     gate.wait(30)
     print(f"from run {run}", flush=True)
 threading.Thread(target=waiter, name=f"waiter-{len(gates)}").start()"""
-    first = kernel.collect(kernel.submit_in_cell(code, "cell-x"))
-    second_id = kernel.submit_in_cell(code, "cell-x")
+    first = kernel.collect(kernel.submit(code, cell_id="cell-x"))
+    second_id = kernel.submit(code, cell_id="cell-x")
     second = kernel.collect(second_id)
     kernel.run("gates[0].set()")
-    _, area = kernel.wait_for_area("from run 1")
+    _, area = wait_for_area(kernel, "from run 1")
     assert area["parent"] == second_id, "the area is in the rerun: the first run's output is gone from the page"
     first_count = first.reply["content"]["execution_count"]
     assert area["text"].startswith(
@@ -403,7 +344,7 @@ threading.Thread(target=waiter, name=f"waiter-{len(gates)}").start()"""
     (row,) = kernel.evaluate("_router.section()['outputs']")
     assert row["cell"] == second.reply["content"]["execution_count"] and row["cell_id"] == "cell-x"
     kernel.run("gates[1].set()")
-    kernel.wait_for_area("from run 1", "from run 2")
+    wait_for_area(kernel, "from run 1", "from run 2")
 
 
 KERNELS_OWN_WRITE = """
@@ -416,7 +357,8 @@ def kernels_own_write(stream):
 """
 
 
-def test_unload_removes_the_route(kernel: RecordingKernel) -> None:
+def test_unload_removes_the_route(own_kernel: Kernel) -> None:
+    kernel = own_kernel
     kernel.run(KERNELS_OWN_WRITE)
     assert kernel.evaluate("[kernels_own_write(sys.stdout), kernels_own_write(sys.stderr)]") == [False, False]
     kernel.run("""
@@ -433,11 +375,12 @@ t.start()
     kernel.run("go.set(); t.join(10); sys.stdout.flush()")
     # The kernel's own routing again: a plain stream (ipykernel 7: under the running cell; 6: the starting one).
     wait_until(lambda: kernel.pump() or "after unload" in kernel.streams(), 10, 0.05, "the plain stream")
-    assert kernel.areas() == {}
+    assert areas(kernel) == {}
 
 
-def test_inert_in_a_forked_child(kernel7: RecordingKernel) -> None:
-    result = kernel7.run("""
+@IPYKERNEL7
+def test_inert_in_a_forked_child(own_kernel: Kernel) -> None:
+    result = own_kernel.run("""
 r, w = os.pipe()
 def forker():
     pid = os.fork()
@@ -451,8 +394,9 @@ print("child:", os.read(r, 100).decode(), "parent:", json.dumps([_router._routin
     assert re.search(r"child: \[false, false\] parent: \[true, true\]", result.stdout), result.stdout
 
 
-def test_a_failure_inside_the_route_never_loses_the_text(kernel7: RecordingKernel) -> None:
-    kernel = kernel7
+@IPYKERNEL7
+def test_a_failure_inside_the_route_never_loses_the_text(own_kernel: Kernel) -> None:
+    kernel = own_kernel
     kernel.run("""
 def broken(*args, **kwargs):
     raise RuntimeError("the route broke")

@@ -11,20 +11,17 @@ import contextlib
 import os
 import queue
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from browser_support import IK6_PYTHON
-from helpers import Kernel, wait_until
-from interpreters import KERNEL_PYTHONS
+from helpers import Kernel, kernel_params, wait_until
+from interpreters import IK6, KERNEL_PYTHONS
 
 pytestmark = pytest.mark.kernel
 
-KERNELS = [*KERNEL_PYTHONS]
-if IK6_PYTHON.exists():
-    KERNELS.append(pytest.param(str(IK6_PYTHON), id="ipykernel6"))
+#: One kernel per interpreter and on ipykernel 6 (conftest's ``kernel``), nbcoord loaded.
+KERNEL_OPTIONS = kernel_params([*KERNEL_PYTHONS, IK6])
 
 SUMMARY = {"schema": 1, "action": "summary"}
 STUBBORN = """\
@@ -37,9 +34,7 @@ threading.Thread(target=_stubborn, name={name!r}, daemon=True).start()
 
 
 def send(kernel: Kernel, content: dict[str, Any], msg_type: str = "nbcoord_request") -> str:
-    message = kernel.kc.session.msg(msg_type, content)
-    kernel.kc.control_channel.send(message)
-    return str(message["header"]["msg_id"])
+    return kernel.send_control(msg_type, content)
 
 
 def replies(kernel: Kernel, msg_ids: list[str], timeout: float = 15.0) -> dict[str, dict[str, Any]]:
@@ -66,16 +61,6 @@ def ask(kernel: Kernel, content: dict[str, Any]) -> dict[str, Any]:
     assert reply["header"]["msg_type"] == "nbcoord_reply"
     result: dict[str, Any] = reply["content"]
     return result
-
-
-@pytest.fixture(scope="module", params=KERNELS)
-def kernel(request: pytest.FixtureRequest) -> Iterator[Kernel]:
-    k = Kernel(python=request.param)
-    try:
-        k.run("%load_ext nbcoord")
-        yield k
-    finally:
-        k.close()
 
 
 def test_a_summary_while_the_main_thread_loops_in_python(kernel: Kernel, tmp_path: Path) -> None:

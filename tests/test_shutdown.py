@@ -82,9 +82,9 @@ def _matrix() -> list[Any]:
     return cases
 
 
-@pytest.mark.parametrize(("kernel_on", "route", "leak"), _matrix(), indirect=["kernel_on"])
-def test_kernel_ends_cleanly_with_leaked_thread(kernel_on: Kernel, tmp_path: Path, route: str, leak: str) -> None:
-    kernel = kernel_on
+@pytest.mark.parametrize(("own_kernel", "route", "leak"), _matrix(), indirect=["own_kernel"])
+def test_kernel_ends_cleanly_with_leaked_thread(own_kernel: Kernel, tmp_path: Path, route: str, leak: str) -> None:
+    kernel = own_kernel
     records = tmp_path / "records.jsonl"
     kernel.run(f"RECORDS = {str(records)!r}")
     kernel.run(LEAKS[leak])
@@ -122,25 +122,25 @@ threading.Thread(target=work, name="daemon-sleep-loop", daemon=True).start()
 
 @pytest.mark.parametrize("leak", list(DAEMON_LEAKS))
 @pytest.mark.parametrize("route", ["shutdown", "exit"])
-@pytest.mark.parametrize("kernel_on", [p.values[0] for p in KERNEL_PYTHONS], indirect=True,
+@pytest.mark.parametrize("own_kernel", [p.values[0] for p in KERNEL_PYTHONS], indirect=True,
                          ids=[p.id for p in KERNEL_PYTHONS])
-def test_daemon_threads_do_not_hold_the_exit(kernel_on: Kernel, route: str, leak: str, tmp_path: Path) -> None:
+def test_daemon_threads_do_not_hold_the_exit(own_kernel: Kernel, route: str, leak: str, tmp_path: Path) -> None:
     # The interpreter never waits for daemon threads; nbcoord asks them to stop and waits only briefly. With a
     # 5 s budget, a stop that waited for them the whole budget would show.
-    kernel_on.run("%nbcoord config shutdown_budget=5")
+    own_kernel.run("%nbcoord config shutdown_budget=5")
     # Should the kernel hang (once in about 30 full runs, not understood yet), the failure shows its stacks.
     stacks = tmp_path / "stacks.txt"
-    kernel_on.run(
+    own_kernel.run(
         "import faulthandler, signal\n"
         f"faulthandler.register(signal.SIGUSR1, file=open({str(stacks)!r}, 'w'), all_threads=True)"
     )
-    kernel_on.run(DAEMON_LEAKS[leak])
+    own_kernel.run(DAEMON_LEAKS[leak])
     started = time.monotonic()
-    end_kernel(kernel_on, route)
-    status = kernel_on.wait_exit(timeout=15)
+    end_kernel(own_kernel, route)
+    status = own_kernel.wait_exit(timeout=15)
     took = time.monotonic() - started
     if status is None:
-        kernel_on.process.send_signal(signal.SIGUSR1)
+        own_kernel.process.send_signal(signal.SIGUSR1)
         wait_until(lambda: "Current thread" in stacks.read_text() or None, 10, 0.05, "the hung kernel's stacks")
         raise AssertionError(f"the kernel did not exit within 15 s after {route}; its threads:\n{stacks.read_text()}")
     assert status == 0, f"exit status {status} after {route}"

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import Kernel, wait_until
+from helpers import Kernel, kernel_params, wait_until
+from interpreters import IK6
 
 from nbcoord.core import internals as _internals
 from nbcoord.core.fallbacks import Fallbacks
@@ -37,16 +38,7 @@ pytestmark = [
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="tgkill (a signal to one thread) is Linux's"),
 ]
 
-REPO = Path(__file__).resolve().parents[1]
-IK6_PYTHON = REPO / ".venv-ik6" / "bin" / "python"
-PYTHONS = [
-    pytest.param(sys.executable, id="ipykernel7"),
-    pytest.param(
-        str(IK6_PYTHON),
-        id="ipykernel6",
-        marks=pytest.mark.skipif(not IK6_PYTHON.exists(), reason=f"no ipykernel 6 environment at {IK6_PYTHON}"),
-    ),
-]
+PYTHONS = [pytest.param(sys.executable, id="ipykernel7"), IK6]
 
 #: Without nbcoord the kernel dies in about 0.01 s; with it, the shutdown stop runs first (nothing to stop here).
 #: Generous for a loaded CI machine, well under the 15 s the kernel stayed alive before the fix.
@@ -97,20 +89,20 @@ def mark_the_stop(kernel: Kernel, directory: Path) -> Path:
     return stopped
 
 
-@pytest.mark.parametrize("kernel_on", PYTHONS, indirect=True)  # conftest's: nbcoord loaded, on ipykernel 7 or 6
+@pytest.mark.parametrize("own_kernel", PYTHONS, indirect=True)  # conftest's: nbcoord loaded, on ipykernel 7 or 6
 @pytest.mark.parametrize("thread", ["IOPub", "Heartbeat", "Control"])
-def test_sigterm_to_another_thread_ends_an_idle_kernel(kernel_on: Kernel, thread: str, tmp_path: Path) -> None:
-    stopped = mark_the_stop(kernel_on, tmp_path)
-    status, took = sigterm_thread_and_wait(kernel_on, native_ids(kernel_on)[thread])
+def test_sigterm_to_another_thread_ends_an_idle_kernel(own_kernel: Kernel, thread: str, tmp_path: Path) -> None:
+    stopped = mark_the_stop(own_kernel, tmp_path)
+    status, took = sigterm_thread_and_wait(own_kernel, native_ids(own_kernel)[thread])
     assert status is not None, f"the kernel is alive 15 s after SIGTERM to its {thread} thread"
     assert status == -signal.SIGTERM, f"exit status {status}: the kernel must end by the signal, as without nbcoord"
     assert took < PROMPT_EXIT_S, f"the kernel took {took:.2f} s to end after SIGTERM to its {thread} thread"
     assert stopped.exists(), "the kernel ended without nbcoord's shutdown stop"
 
 
-@pytest.mark.parametrize("kernel_on", PYTHONS, indirect=True)
-def test_sigterm_to_another_thread_ends_a_kernel_whose_cell_sleeps(kernel_on: Kernel, tmp_path: Path) -> None:
-    kernel = kernel_on
+@pytest.mark.parametrize("own_kernel", PYTHONS, indirect=True)
+def test_sigterm_to_another_thread_ends_a_kernel_whose_cell_sleeps(own_kernel: Kernel, tmp_path: Path) -> None:
+    kernel = own_kernel
     stopped = mark_the_stop(kernel, tmp_path)
     iopub = native_ids(kernel)["IOPub"]  # before the cell: the kernel answers nothing while it sleeps
     sleeping = tmp_path / "sleeping"
@@ -123,41 +115,38 @@ def test_sigterm_to_another_thread_ends_a_kernel_whose_cell_sleeps(kernel_on: Ke
     assert stopped.exists(), "the kernel ended without nbcoord's shutdown stop"
 
 
-@pytest.mark.parametrize("python", PYTHONS)
-def test_unload_and_fork_give_back_the_wakeup_fd(python: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("own_kernel", kernel_params(PYTHONS, nbcoord="off"), indirect=True)
+def test_unload_and_fork_give_back_the_wakeup_fd(own_kernel: Kernel, tmp_path: Path) -> None:
     """``%unload_ext`` restores the wakeup fd the kernel had before nbcoord (here one the kernel set itself), and so
     does a forked child; after the unload, SIGTERM to another thread still ends the kernel (by the default
     action)."""
-    kernel = Kernel(python=python)
-    try:
-        kernel.run(
-            "import signal, socket\n"
-            "_a, _b = socket.socketpair()\n"
-            "_b.setblocking(False)\n"
-            "signal.set_wakeup_fd(_b.fileno())"
-        )
-        before = wakeup_fd(kernel)
-        assert before >= 0
-        kernel.run("%load_ext nbcoord")
-        child_file = tmp_path / "child.json"
-        kernel.run(
-            "import json, os, signal\n"
-            "_pid = os.fork()\n"
-            "if _pid == 0:\n"
-            "    _fd = signal.set_wakeup_fd(-1)\n"
-            f"    open({str(child_file)!r}, 'w').write(json.dumps(_fd))\n"
-            "    os._exit(0)\n"
-            "os.waitpid(_pid, 0)"
-        )
-        assert json.loads(child_file.read_text()) == before, "a forked child must have the kernel's own wakeup fd"
-        kernel.run("%unload_ext nbcoord")
-        assert wakeup_fd(kernel) == before, "the wakeup fd after %unload_ext is not the one before %load_ext"
-        assert not [name for name in native_ids(kernel) if name.startswith("nbcoord-")], "a thread of nbcoord is left"
-        status, took = sigterm_thread_and_wait(kernel, native_ids(kernel)["IOPub"])
-        assert status == -signal.SIGTERM, f"exit status {status} after the unload"
-        assert took < PROMPT_EXIT_S
-    finally:
-        kernel.close()
+    kernel = own_kernel
+    kernel.run(
+        "import signal, socket\n"
+        "_a, _b = socket.socketpair()\n"
+        "_b.setblocking(False)\n"
+        "signal.set_wakeup_fd(_b.fileno())"
+    )
+    before = wakeup_fd(kernel)
+    assert before >= 0
+    kernel.run("%load_ext nbcoord")
+    child_file = tmp_path / "child.json"
+    kernel.run(
+        "import json, os, signal\n"
+        "_pid = os.fork()\n"
+        "if _pid == 0:\n"
+        "    _fd = signal.set_wakeup_fd(-1)\n"
+        f"    open({str(child_file)!r}, 'w').write(json.dumps(_fd))\n"
+        "    os._exit(0)\n"
+        "os.waitpid(_pid, 0)"
+    )
+    assert json.loads(child_file.read_text()) == before, "a forked child must have the kernel's own wakeup fd"
+    kernel.run("%unload_ext nbcoord")
+    assert wakeup_fd(kernel) == before, "the wakeup fd after %unload_ext is not the one before %load_ext"
+    assert not [name for name in native_ids(kernel) if name.startswith("nbcoord-")], "a thread of nbcoord is left"
+    status, took = sigterm_thread_and_wait(kernel, native_ids(kernel)["IOPub"])
+    assert status == -signal.SIGTERM, f"exit status {status} after the unload"
+    assert took < PROMPT_EXIT_S
 
 
 # ------------------------------------------------------------------------------------------------ in this process
