@@ -102,6 +102,7 @@ class Kernel:
         self._iopub: dict[str, CellResult] = {}
         #: Every iopub message read so far, in order, whatever its kind and parent.
         self.messages: list[dict[str, Any]] = []
+        self._idle: set[str] = set()  # the requests whose idle status was read
 
     @property
     def pid(self) -> int:
@@ -171,7 +172,7 @@ class Kernel:
         return result
 
     def _drain_iopub(self, msg_id: str, timeout: float) -> bool:
-        idle = False
+        """Read what iopub has (waiting up to ``timeout`` for the first message); whether ``msg_id`` went idle."""
         try:
             while True:
                 msg = self.kc.get_iopub_msg(timeout=timeout)
@@ -190,11 +191,11 @@ class Kernel:
                     target.errors.append(content)
                 elif kind in ("execute_result", "display_data"):
                     target.data.append(content)
-                elif kind == "status" and content["execution_state"] == "idle" and parent == msg_id:
-                    idle = True
+                elif kind == "status" and content["execution_state"] == "idle":
+                    self._idle.add(parent)
         except queue.Empty:
             pass
-        return idle
+        return msg_id in self._idle
 
     def run(self, code: str, timeout: float = 60.0, allow_error: bool = False) -> CellResult:
         """Execute a cell and wait for it; fails on an error unless ``allow_error``."""

@@ -9,9 +9,6 @@ a failure is a cell that runs to its (long) natural end.
 
 from __future__ import annotations
 
-import json
-import os
-import queue
 import sys
 import textwrap
 import threading
@@ -24,18 +21,14 @@ from typing import Any
 
 import pytest
 import zmq
-from helpers import wait_until
-from jupyter_client.blocking.client import BlockingKernelClient
-from jupyter_client.kernelspec import KernelSpecManager
-from jupyter_client.manager import KernelManager
+from helpers import Kernel, kernel_params, wait_until
+from interpreters import IK6, IK6_PYTHON
 from jupyter_client.session import Session
 
 from nbcoord.kernel import fastcomm as _fastcomm
 from nbcoord.kernel import fastcomm_worker as _fastcomm_worker
 
 REPO = Path(__file__).resolve().parents[1]
-# The ipykernel 6 environment; CI creates it (see the README's development section).
-IK6_PYTHON = Path(os.environ.get("NBCOORD_IK6_PYTHON", REPO / ".venv-ik6" / "bin" / "python"))
 
 
 def stop_content(comm_id: str, click_id: str = "c1", **data: Any) -> dict[str, Any]:
@@ -417,54 +410,33 @@ def test_the_worker_calls_idle_again_after_the_delay_it_asks_for(channel_thread:
 
 
 @dataclass
-class Kernel:
-    """A running kernel, its client, and the fast route kind it offers."""
+class FastKernel:
+    """Conftest's kernel (the probe's class defined, nbcoord not loaded), its ipykernel line, and the fast route
+    kind it offers."""
 
+    kernel: Kernel
     name: str
-    manager: KernelManager
-    client: BlockingKernelClient
     kind: str = ""
 
+    @property
+    def client(self) -> Any:
+        return self.kernel.kc
+
     def run(self, code: str, timeout: float = 60) -> str:
-        """Run a cell; return its stdout; fail on an error."""
-        out: list[str] = []
-
-        def hook(msg: dict[str, Any]) -> None:
-            if msg["msg_type"] == "stream":
-                out.append(msg["content"]["text"])
-            elif msg["msg_type"] == "error":
-                out.append("\n".join(msg["content"]["traceback"]))
-
-        reply = self.client.execute_interactive(textwrap.dedent(code), timeout=timeout, output_hook=hook)
-        assert reply["content"]["status"] == "ok", "".join(out)
-        return "".join(out)
+        """Run a cell; return what it printed; fail on an error."""
+        return self.kernel.run(textwrap.dedent(code), timeout).text
 
     def value(self, expr: str) -> Any:
-        return json.loads(self.run(f"print(json.dumps({expr}))"))
+        return self.kernel.evaluate(expr)
 
     def start_cell(self, code: str) -> str:
         """Start a cell and return when it printed 'busy' (it is then inside its wait)."""
-        msg_id: str = self.client.execute(textwrap.dedent(code))
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            msg = self.client.get_iopub_msg(timeout=max(0.01, deadline - time.monotonic()))
-            if msg["parent_header"].get("msg_id") != msg_id:
-                continue
-            if msg["msg_type"] == "stream" and "busy" in msg["content"]["text"]:
-                return msg_id
-            if msg["msg_type"] == "error":
-                raise AssertionError("\n".join(msg["content"]["traceback"]))
-        raise AssertionError("the cell never got busy")
+        return self.kernel.submit_until_printed(textwrap.dedent(code), "busy", timeout=60)
 
     def finish_cell(self, msg_id: str, timeout: float = 60) -> None:
         """Wait for the cell's execute_reply (its output is read later, from state)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            reply = self.client.get_shell_msg(timeout=max(0.01, deadline - time.monotonic()))
-            if reply["parent_header"].get("msg_id") == msg_id:
-                assert reply["content"]["status"] == "ok", reply["content"]
-                return
-        raise AssertionError("the busy cell did not end")
+        result = self.kernel.collect(msg_id, timeout)
+        assert result.status == "ok", result.reply["content"]
 
     def send_comm_msg(self, content: dict[str, Any]) -> None:
         """Send as the panel does: also on the control channel when that is the route."""
@@ -508,44 +480,21 @@ class FastCommProbe:
 """
 
 
-def _kernel_pythons() -> list[Any]:
-    ik6 = pytest.mark.skipif(
-        not IK6_PYTHON.exists(),
-        reason=f"no ipykernel 6 environment at {IK6_PYTHON} (python -m venv .venv-ik6 && "
-        ".venv-ik6/bin/pip install 'ipykernel<7' -e .)",
-    )
-    return [
-        pytest.param((sys.executable, "ipykernel7"), id="ipykernel7"),
-        pytest.param((str(IK6_PYTHON), "ipykernel6"), id="ipykernel6", marks=ik6),
-    ]
+#: ipykernel 7 (this environment) and 6: one kernel each for the module (conftest's ``kernel``), nbcoord not loaded.
+IPYKERNEL7 = pytest.param(sys.executable, id="ipykernel7")
+KERNEL_OPTIONS = kernel_params(
+    [IPYKERNEL7, IK6], nbcoord="off", env={"PYTHONPATH": str(REPO)}, after=KERNEL_SETUP
+)
 
 
-@pytest.fixture(scope="module", params=_kernel_pythons())
-def kernel(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kernel]:
-    python, name = request.param
-    spec_dir = tmp_path_factory.mktemp("kernels") / "nbcoord-test"
-    spec_dir.mkdir()
-    argv = [python, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
-    spec = {"argv": argv, "display_name": "nbcoord test", "language": "python"}
-    (spec_dir / "kernel.json").write_text(json.dumps(spec))
-    specs = KernelSpecManager(kernel_dirs=[str(spec_dir.parent)])
-    manager = KernelManager(kernel_name="nbcoord-test", kernel_spec_manager=specs)
-    pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    manager.start_kernel(env={**os.environ, "PYTHONPATH": pythonpath})
-    client = manager.client()
-    client.start_channels()
-    try:
-        client.wait_for_ready(timeout=60)
-        running = Kernel(name, manager, client)
-        running.run(KERNEL_SETUP)
-        yield running
-    finally:
-        client.stop_channels()
-        manager.shutdown_kernel(now=True)
+@pytest.fixture(scope="module")
+def fast(kernel: Kernel) -> FastKernel:
+    return FastKernel(kernel, "ipykernel6" if kernel.python == str(IK6_PYTHON) else "ipykernel7")
 
 
 @pytest.fixture
-def probe(kernel: Kernel) -> Iterator[str]:
+def probe(fast: FastKernel) -> Iterator[str]:
+    kernel = fast
     """A fresh route and comm in the kernel; returns the comm id."""
     kernel.run("probe = FastCommProbe()")
     kernel.kind = kernel.value("probe.route.kind")
@@ -590,7 +539,8 @@ BUSY_CELLS = {
 
 @pytest.mark.kernel
 @pytest.mark.parametrize("mode", list(BUSY_CELLS))
-def test_stop_is_handled_while_the_main_thread_is_busy(kernel: Kernel, probe: str, mode: str) -> None:
+def test_stop_is_handled_while_the_main_thread_is_busy(fast: FastKernel, probe: str, mode: str) -> None:
+    kernel = fast
     msg_id = kernel.start_cell(BUSY_CELLS[mode])
     kernel.send_comm_msg(stop_content(probe, "click-1"))
     kernel.finish_cell(msg_id)
@@ -604,8 +554,9 @@ def test_stop_is_handled_while_the_main_thread_is_busy(kernel: Kernel, probe: st
 
 @pytest.mark.kernel
 # ipykernel 6 only (the control route): ipykernel 7 takes the click off the shell channel and publishes no status.
-@pytest.mark.parametrize("kernel", [_kernel_pythons()[1]], indirect=True)
-def test_a_control_click_leaves_the_kernel_status_busy_while_a_cell_runs(kernel: Kernel, probe: str) -> None:
+@pytest.mark.parametrize("kernel", KERNEL_OPTIONS[1:], indirect=True)
+def test_a_control_click_leaves_the_kernel_status_busy_while_a_cell_runs(fast: FastKernel, probe: str) -> None:
+    kernel = fast
     # ipykernel 6 publishes busy and idle around each control message; a front end takes a tracked "idle" for the
     # kernel's status. While a cell runs, the route makes that idle's parent untracked (same msg_id); between cells
     # the idle is left as it is (it is true then).
@@ -615,20 +566,20 @@ def test_a_control_click_leaves_the_kernel_status_busy_while_a_cell_runs(kernel:
     def statuses_of(content: dict[str, Any]) -> list[tuple[str, str]]:
         sent = kernel.client.session.msg("comm_msg", content)
         kernel.client.control_channel.send(sent)
-        seen: list[tuple[str, str]] = []
+
+        def seen() -> list[tuple[str, str]]:
+            return [
+                (msg["content"]["execution_state"], msg["parent_header"]["msg_type"])
+                for msg in kernel.kernel.messages
+                if msg["msg_type"] == "status" and msg["parent_header"].get("msg_id") == sent["header"]["msg_id"]
+            ]
 
         def idle_seen() -> bool:
-            while True:
-                try:
-                    msg = kernel.client.get_iopub_msg(timeout=0.05)
-                except queue.Empty:
-                    return any(state == "idle" for state, _ in seen)
-                parent = msg["parent_header"]
-                if msg["msg_type"] == "status" and parent.get("msg_id") == sent["header"]["msg_id"]:
-                    seen.append((msg["content"]["execution_state"], parent["msg_type"]))
+            kernel.kernel.pump()
+            return any(state == "idle" for state, _ in seen())
 
         wait_until(idle_seen, 30, what="the control message's idle status")
-        return seen
+        return seen()
 
     msg_id = kernel.start_cell("""
         cell_running.set()
@@ -648,7 +599,8 @@ def test_a_control_click_leaves_the_kernel_status_busy_while_a_cell_runs(kernel:
 
 @pytest.mark.kernel
 @pytest.mark.tensorflow
-def test_stop_unblocks_sess_run_on_an_empty_queue(kernel: Kernel, probe: str) -> None:
+def test_stop_unblocks_sess_run_on_an_empty_queue(fast: FastKernel, probe: str) -> None:
+    kernel = fast
     if not kernel.value("__import__('importlib.util').util.find_spec('tensorflow') is not None"):
         pytest.skip(f"no tensorflow in the {kernel.name} environment")
     kernel.run(
@@ -684,7 +636,8 @@ def test_stop_unblocks_sess_run_on_an_empty_queue(kernel: Kernel, probe: str) ->
 
 
 @pytest.mark.kernel
-def test_malformed_and_foreign_messages_are_not_handled(kernel: Kernel, probe: str) -> None:
+def test_malformed_and_foreign_messages_are_not_handled(fast: FastKernel, probe: str) -> None:
+    kernel = fast
     kernel.run(
         """
         foreign_got = []
@@ -727,7 +680,8 @@ CALLBACK_STATE = """
 
 
 @pytest.mark.kernel
-def test_uninstall_restores_the_kernel(kernel: Kernel) -> None:
+def test_uninstall_restores_the_kernel(fast: FastKernel) -> None:
+    kernel = fast
     kernel.run(CALLBACK_STATE)
     kernel.run("before = state()")
     kernel.run("probe = FastCommProbe()")
@@ -747,8 +701,9 @@ def test_uninstall_restores_the_kernel(kernel: Kernel) -> None:
 
 @pytest.mark.kernel
 # The shell-channel route exists on ipykernel 7 only: this test runs there, and is not made for ipykernel 6.
-@pytest.mark.parametrize("kernel", [pytest.param((sys.executable, "ipykernel7"), id="ipykernel7")], indirect=True)
-def test_shell_route_chains_to_a_callback_installed_before_it(kernel: Kernel) -> None:
+@pytest.mark.parametrize("kernel", KERNEL_OPTIONS[:1], indirect=True)
+def test_shell_route_chains_to_a_callback_installed_before_it(fast: FastKernel) -> None:
+    kernel = fast
     kernel.run(CALLBACK_STATE)
     kernel.run(
         """
