@@ -4,22 +4,17 @@ panel displayed, driven as a front end drives it, over iopub and comm messages."
 from __future__ import annotations
 
 import json
-import os
 import queue
-import tempfile
 import textwrap
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from helpers import wait_until
+from helpers import Kernel, wait_until
 from jupyter_client.jsonutil import json_default
-from jupyter_client.kernelspec import KernelSpecManager
-from jupyter_client.manager import KernelManager
 
 REPO = Path(__file__).resolve().parents[1]
-IK6_PYTHON = Path(os.environ.get("NBCOORD_IK6_PYTHON", REPO / ".venv-ik6" / "bin" / "python"))
 INTERVAL = 0.2
 
 SETUP = f"""
@@ -57,31 +52,16 @@ def _lenient_pack(obj: object) -> bytes:
 
 
 class PanelKernel:
-    """A real kernel with nbcoord's panel displayed, and the bookkeeping of a front end."""
+    """A real kernel (helpers.Kernel) with nbcoord's panel displayed, and the bookkeeping of a front end (it reads the
+    kernel's iopub itself)."""
 
     def __init__(self, name: str, python: str, *, log: bool = False) -> None:
         """``log``: the kernel's standard error (the Jupyter server's log, where nbcoord logs) goes to a file that
         :meth:`log_text` reads, and the kernel captures its streams as under a server (ipykernel 7 then forwards
         file descriptors 1 and 2 into the running cell, which it does not do under pytest)."""
         self.name = name
-        self._tmp = tempfile.TemporaryDirectory(prefix="nbcoord-panel-")
-        self.log_path = Path(self._tmp.name) / "kernel-stderr.log" if log else None
-        spec = Path(self._tmp.name) / "kernels" / "nbcoord-panel"
-        spec.mkdir(parents=True)
-        argv = [python, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
-        (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": name, "language": "python"}))
-        specs = KernelSpecManager(kernel_dirs=[str(spec.parent)])
-        self.km = KernelManager(kernel_name="nbcoord-panel", kernel_spec_manager=specs)
-        env = {**os.environ, "IPYTHONDIR": self._tmp.name, "PYTHONPATH": str(REPO)}
-        if self.log_path is not None:
-            env.pop("PYTEST_CURRENT_TEST", None)
-            with self.log_path.open("wb") as log_file:  # the kernel keeps its own descriptor of it
-                self.km.start_kernel(env=env, cwd=self._tmp.name, stderr=log_file)
-        else:
-            self.km.start_kernel(env=env, cwd=self._tmp.name)
-        self.kc = self.km.client()
-        self.kc.start_channels()
-        self.kc.wait_for_ready(timeout=60)
+        self.kernel = Kernel(python, env={"PYTHONPATH": str(REPO)}, log=log)
+        self.km, self.kc, self.log_path = self.kernel.km, self.kernel.kc, self.kernel.log_path
         self.comm_msgs: list[tuple[float, dict[str, Any]]] = []
         self.streams: dict[str, str] = {}
         self.results: dict[str, list[dict[str, Any]]] = {}
@@ -126,7 +106,7 @@ class PanelKernel:
 
     @property
     def pid(self) -> int:
-        return int(self.km.provisioner.process.pid)  # type: ignore[union-attr]
+        return self.kernel.pid
 
     def interrupt(self) -> None:
         self.km.interrupt_kernel()
@@ -148,8 +128,6 @@ class PanelKernel:
         return self.finish(self.submit(code), timeout)
 
     def value(self, expression: str) -> Any:
-        import json
-
         out = self.run(f"print('@@' + json.dumps({expression}))")
         line = next(line for line in out.splitlines() if line.startswith("@@"))
         return json.loads(line[2:])
@@ -223,8 +201,7 @@ class PanelKernel:
 
     def log_text(self) -> str:
         """What the kernel wrote to its standard error so far (started with ``log=True``)."""
-        assert self.log_path is not None, "started without log=True"
-        return self.log_path.read_text(encoding="utf-8", errors="replace")
+        return self.kernel.log_text()
 
     def open_view(self) -> str:
         view = f"view{uuid.uuid4().hex[:8]}"
@@ -232,11 +209,7 @@ class PanelKernel:
         return view
 
     def close(self) -> None:
-        try:
-            self.kc.stop_channels()
-        finally:
-            self.km.shutdown_kernel(now=True)
-            self._tmp.cleanup()
+        self.kernel.close()
 
 
 def reported(pk: PanelKernel, click_id: str, timeout: float = 10) -> dict[str, Any]:
