@@ -5,19 +5,18 @@ has no GPU): it is put in ``sys.modules["pynvml"]`` before nbcoord loads, so the
 would the real binding, and a cell "allocates" GPU memory by raising the kernel's entry in the fake's process list.
 Host memory is real: NumPy arrays of a few hundred MiB, written so that their pages are resident.
 
-Before the lead wires ``_memory.install`` into the extension's load, :data:`SETUP` installs it from a cell (removed
+Before the lead wires ``_memory.install`` into the extension's load, :data:`AFTER_LOAD` installs it from a cell (removed
 by ``%unload_ext`` like the rest); once wired, ``_ext.memory`` exists and that line does nothing.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import Kernel, wait_until
+from helpers import Kernel, KernelOptions, wait_until
 
 from nbcoord.core.registry import Registry
 from nbcoord.resources.memory import NOTABLE_BYTES, CellMemory, MemoryLedger, growth_held, summary
@@ -31,8 +30,10 @@ sys.path.insert(0, {str(TESTS)!r})
 import fake_nvml
 fake_nvml.reset([fake_nvml.FakeDevice(processes=[fake_nvml.FakeProcess(os.getpid(), 512 * 2**20)])])
 sys.modules["pynvml"] = fake_nvml  # the FAKE NVML, where the probe imports the real one
-%load_ext nbcoord
-import numpy as np
+"""
+
+#: After ``%load_ext nbcoord`` (the kernel's :class:`helpers.KernelOptions` runs :data:`SETUP`, the load, then this).
+AFTER_LOAD = """import numpy as np
 import nbcoord
 from nbcoord.resources import memory as _memory
 _ext = nbcoord._extension
@@ -44,12 +45,15 @@ if _ledger is None:  # before the wiring: install it here, removed by %unload_ex
 def gpu(delta):
     fake_nvml.devices[0].processes[0].usedGpuMemory += delta
 def rows():
-    return {{r["cell"]: r for r in nbcoord.snapshot()["cell_memory"]}}
+    return {r["cell"]: r for r in nbcoord.snapshot()["cell_memory"]}
 _deadline = time.monotonic() + 10
 while _ext.probe.last_sample is None and time.monotonic() < _deadline:  # the monitor's first GPU read
     time.sleep(0.02)
 assert _ext.probe.last_sample is not None
 """
+
+#: The module's kernel (conftest's ``kernel``): the fake NVML in place, nbcoord loaded, the ledger installed.
+KERNEL_OPTIONS = [KernelOptions(setup=SETUP, after=AFTER_LOAD)]
 
 
 def row(**fields: Any) -> CellMemory:
@@ -124,16 +128,6 @@ def test_summaries_say_where_and_whether_held() -> None:
     )
     assert summary(row()) == "cell [7]: no notable change"
     assert summary(row(ended_at=None, rss_now=GiB + 300 * MiB)) == "cell [7]: running, +300.0 MiB host so far"
-
-
-@pytest.fixture(scope="module")
-def kernel() -> Iterator[Kernel]:
-    k = Kernel()
-    try:
-        k.run(SETUP)
-        yield k
-    finally:
-        k.close()
 
 
 def cell_row(kernel: Kernel, count: int, ready: str = "True") -> dict[str, Any]:
