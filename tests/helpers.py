@@ -257,7 +257,7 @@ class KernelOptions:
     ``nbcoord``: ``"load_ext"`` (a cell runs ``%load_ext nbcoord``), ``"config"`` (IPython's configuration loads it,
     before ipykernel starts its parent poller, as a server-wide set-up does) or ``"off"``. ``setup``: a cell run
     before nbcoord is loaded (to keep what the load replaces); ``after``: a cell run after. ``log``: see
-    :class:`Kernel`.
+    :class:`Kernel`. ``timeout``: the limit, in seconds, of each of those set-up cells.
     """
 
     python: str = sys.executable
@@ -266,6 +266,7 @@ class KernelOptions:
     log: bool = False
     setup: str = ""
     after: str = ""
+    timeout: float = 60.0
 
 
 def start_kernel(options: KernelOptions | str | None = None) -> Kernel:
@@ -276,11 +277,11 @@ def start_kernel(options: KernelOptions | str | None = None) -> Kernel:
     kernel = Kernel(python=options.python, env=dict(options.env), log=options.log, config=config)
     try:
         if options.setup:
-            kernel.run(options.setup)
+            kernel.run(options.setup, options.timeout)
         if options.nbcoord == "load_ext":
-            kernel.run("%load_ext nbcoord")
+            kernel.run("%load_ext nbcoord", options.timeout)
         if options.after:
-            kernel.run(options.after)
+            kernel.run(options.after, options.timeout)
     except BaseException:
         kernel.close()
         raise

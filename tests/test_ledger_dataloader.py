@@ -12,21 +12,20 @@
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
-from helpers import Kernel, wait_until
+from helpers import Kernel, KernelOptions, wait_until
 
 pytestmark = [
     pytest.mark.kernel,
     pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="PyTorch (CPU build) is not installed"),
 ]
 
+#: Run after ``%load_ext nbcoord``: the ledger watches the kernel.
 LOAD = """
-%load_ext nbcoord
 import nbcoord
 from nbcoord.ledger import ledger as _ledger
 if _ledger.current() is None:
@@ -50,15 +49,8 @@ class Slow(Dataset):
 """
 
 
-@pytest.fixture(scope="module")
-def kernel() -> Iterator[Kernel]:
-    k = Kernel()
-    try:
-        k.run(LOAD)
-        k.run(SETUP, timeout=120)
-        yield k
-    finally:
-        k.close()
+#: The module's kernel (conftest's ``kernel``): nbcoord loaded, the ledger watching, PyTorch and the dataset defined.
+KERNEL_OPTIONS = [KernelOptions(after=LOAD + SETUP, timeout=120)]
 
 
 def loader_rows(kernel: Kernel) -> list[dict[str, Any]]:
