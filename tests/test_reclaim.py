@@ -19,7 +19,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from helpers import Kernel
+from helpers import Kernel, KernelOptions
 
 from nbcoord.resources.reclaim import JAX_NOTE, release_frameworks
 from nbcoord.tensorflow import memory as tensorflow_memory
@@ -35,8 +35,10 @@ sys.path.insert(0, {str(TESTS)!r})
 import fake_nvml
 fake_nvml.reset([fake_nvml.FakeDevice(processes=[fake_nvml.FakeProcess(os.getpid(), 3 * 2**30)])])
 sys.modules["pynvml"] = fake_nvml  # the FAKE NVML, where the probe imports the real one
-%load_ext nbcoord
-import numpy as np
+"""
+
+#: After ``%load_ext nbcoord`` (the kernel's :class:`helpers.KernelOptions` runs :data:`SETUP`, the load, then this).
+AFTER_LOAD = """import numpy as np
 import torch
 import nbcoord
 from nbcoord.resources import reclaim as _reclaim
@@ -44,18 +46,11 @@ def reclaim(outputs=False):
     report = getattr(nbcoord, "reclaim", None)  # once wired: nbcoord.reclaim(outputs=...)
     report = report(outputs=outputs) if report else nbcoord._extension.reclaim(outputs=outputs)
     print(report["text"])
-    print("@@" + json.dumps({{k: v for k, v in report.items() if k != "text"}}))
+    print("@@" + json.dumps({k: v for k, v in report.items() if k != "text"}))
 """
 
-
-@pytest.fixture(scope="module")
-def kernel() -> Iterator[Kernel]:
-    k = Kernel()
-    try:
-        k.run(SETUP)
-        yield k
-    finally:
-        k.close()
+#: The module's kernel (conftest's ``kernel``): the fake NVML in place, nbcoord loaded, PyTorch imported.
+KERNEL_OPTIONS = [KernelOptions(setup=SETUP, after=AFTER_LOAD)]
 
 
 def reclaimed(kernel: Kernel, outputs: bool = False) -> tuple[dict[str, Any], str]:
@@ -187,13 +182,10 @@ def test_frameworks_that_keep_memory_say_so(monkeypatch: pytest.MonkeyPatch) -> 
 
 @pytest.mark.kernel
 @pytest.mark.tensorflow
-def test_tensorflow_tensors_are_measured_once_tensorflow_is_imported() -> None:
+@pytest.mark.parametrize("own_kernel", [KernelOptions()], indirect=True)  # no fake NVML, no PyTorch
+def test_tensorflow_tensors_are_measured_once_tensorflow_is_imported(own_kernel: Kernel) -> None:
     # TensorFlow's part plugs in when the user imports TensorFlow (nbcoord.tensorflow.memory, wired at load):
     # without it a tensor is not measured at all, and the GPU figures lack the allocator's note.
-    k = Kernel()
-    try:
-        k.run("%load_ext nbcoord\nimport nbcoord\nimport tensorflow as tf\nbig = tf.ones((4, 1024, 1024))")
-        held = k.evaluate("{row['name']: (row['type'], row['bytes']) for row in nbcoord.reclaim()['largest']}")
-        assert held["big"] == ["tensorflow EagerTensor", 16 * MiB], held
-    finally:
-        k.close()
+    own_kernel.run("import nbcoord\nimport tensorflow as tf\nbig = tf.ones((4, 1024, 1024))")
+    held = own_kernel.evaluate("{row['name']: (row['type'], row['bytes']) for row in nbcoord.reclaim()['largest']}")
+    assert held["big"] == ["tensorflow EagerTensor", 16 * MiB], held
