@@ -10,24 +10,24 @@ cell, the reason and its workers' pids (each worker named by its pool in a proce
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
-from helpers import Kernel, wait_until
+from helpers import Kernel, kernel_params, wait_until
 from interpreters import KERNEL_PYTHONS
 
 pytestmark = pytest.mark.kernel
 
-#: Until nbcoord/_wiring.py installs the ledger itself, the test installs it (a no-op once it does).
+#: Run after ``%load_ext nbcoord``. Until nbcoord/_wiring.py installs the ledger itself, the test installs it (a no-op
+#: once it does).
 LOAD = """
-%load_ext nbcoord
 import nbcoord
 from nbcoord.ledger import ledger as _ledger
 if _ledger.current() is None:
     nbcoord._extension.host.add_undo(_ledger.watch(nbcoord._extension.host, nbcoord._extension.probe))
+import json, threading, time
 """
 
 #: How each kind of pool is made busy: four workers, each in a long sleep; the label its row gets.
@@ -63,15 +63,8 @@ def _has_joblib(python: str) -> bool:
 LOKY_PYTHONS = [p for p in KERNEL_PYTHONS if _has_joblib(str(p.values[0]))]
 
 
-@pytest.fixture(scope="module", params=KERNEL_PYTHONS)
-def kernel(request: pytest.FixtureRequest) -> Iterator[Kernel]:
-    k = Kernel(python=request.param)
-    try:
-        k.run(LOAD)
-        k.run("import json, threading, time")
-        yield k
-    finally:
-        k.close()
+#: The module's kernel (conftest's ``kernel``), one per interpreter: nbcoord loaded, the ledger watching.
+KERNEL_OPTIONS = kernel_params(KERNEL_PYTHONS, after=LOAD)
 
 
 def workers_of(kernel: Kernel) -> list[psutil.Process]:
@@ -141,15 +134,9 @@ def test_pool_left_by_an_interrupted_cell(kernel: Kernel, kind: str, tmp_path: P
     leak_and_stop(kernel, kind, tmp_path)
 
 
-@pytest.mark.parametrize("python", LOKY_PYTHONS)
-def test_loky_executor_left_by_an_interrupted_cell(python: str, tmp_path: Path) -> None:
-    k = Kernel(python=python)
-    try:
-        k.run(LOAD)
-        k.run("import json, threading, time")
-        leak_and_stop(k, "loky", tmp_path)
-    finally:
-        k.close()
+@pytest.mark.parametrize("own_kernel", kernel_params(LOKY_PYTHONS, after=LOAD), indirect=True)
+def test_loky_executor_left_by_an_interrupted_cell(own_kernel: Kernel, tmp_path: Path) -> None:
+    leak_and_stop(own_kernel, "loky", tmp_path)
 
 
 def test_a_pool_made_by_a_cells_thread_is_that_cells(kernel: Kernel) -> None:
