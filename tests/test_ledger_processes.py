@@ -15,19 +15,18 @@ import contextlib
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
-from helpers import Kernel, wait_until
+from helpers import Kernel, kernel_params, wait_until
 from interpreters import KERNEL_PYTHONS
 
 pytestmark = pytest.mark.kernel
 
+#: Run after ``%load_ext nbcoord``: the ledger watches the kernel.
 LOAD = """
-%load_ext nbcoord
 import nbcoord
 from nbcoord.ledger import ledger as _ledger
 if _ledger.current() is None:
@@ -38,15 +37,8 @@ if _ledger.current() is None:
 SIGTERM_AFTER_S = 2.5
 
 
-@pytest.fixture(scope="module", params=KERNEL_PYTHONS)
-def kernel(request: pytest.FixtureRequest) -> Iterator[Kernel]:
-    k = Kernel(python=request.param)
-    try:
-        k.run(LOAD)
-        k.run("import os, subprocess, time")
-        yield k
-    finally:
-        k.close()
+#: The module's kernel (conftest's ``kernel``), one per interpreter: nbcoord loaded, the ledger watching.
+KERNEL_OPTIONS = kernel_params(KERNEL_PYTHONS, after=LOAD + "import os, subprocess, time\n")
 
 
 def process_rows(kernel: Kernel) -> list[dict[str, Any]]:
@@ -165,13 +157,11 @@ def shutdown_kernel(k: Kernel) -> tuple[float, int | None]:
     return (exited[0] - began if exited else float("inf")), process.returncode
 
 
-@pytest.mark.parametrize("python", KERNEL_PYTHONS)
-def test_shutdown_with_every_kind_leaked(python: str) -> None:
-    k = Kernel(python=python)
+@pytest.mark.parametrize("own_kernel", kernel_params(KERNEL_PYTHONS, after=LOAD + "import time\n"), indirect=True)
+def test_shutdown_with_every_kind_leaked(own_kernel: Kernel) -> None:
+    k, python = own_kernel, own_kernel.python
     leaked: list[psutil.Process] = []
     try:
-        k.run(LOAD)
-        k.run("import time")
         kinds = [kind for kind, code, needs in LEAKS if _available(python, needs)]
         for kind, code, _needs in LEAKS:
             if kind in kinds:
@@ -204,4 +194,3 @@ def test_shutdown_with_every_kind_leaked(python: str) -> None:
         for process in leaked:
             with contextlib.suppress(psutil.Error):
                 process.kill()
-        k.close()
