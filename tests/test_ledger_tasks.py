@@ -11,26 +11,18 @@ unload.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import Kernel, wait_until
-from interpreters import KERNEL_PYTHONS
+from helpers import Kernel, kernel_params, wait_until
+from interpreters import IK6, KERNEL_PYTHONS
 
 pytestmark = pytest.mark.kernel
 
-REPO = Path(__file__).resolve().parent.parent
-IK6_PYTHON = Path(os.environ.get("NBCOORD_IK6_PYTHON", REPO / ".venv-ik6" / "bin" / "python"))
-#: Every kernel Python with ipykernel 7, and ipykernel 6 where its environment is there.
-KERNELS = KERNEL_PYTHONS + ([pytest.param(str(IK6_PYTHON), id="ipykernel6")] if IK6_PYTHON.exists() else [])
-
-#: Until nbcoord/_wiring.py installs the ledger itself, the test installs it (a no-op once it does).
-LOAD = """
-%load_ext nbcoord
-import nbcoord
+#: Run after ``%load_ext nbcoord``. Until nbcoord/_wiring.py installs the ledger itself, the test installs it (a no-op
+#: once it does).
+LOAD = """import nbcoord
 from nbcoord.ledger import ledger as _ledger
 if _ledger.current() is None:
     nbcoord._extension.host.add_undo(_ledger.watch(nbcoord._extension.host, nbcoord._extension.probe))
@@ -57,27 +49,29 @@ def others():
     return sorted(n for n in names if n in ("poll_forever", "stubborn", "parent"))
 """
 
-#: The line of SETUP where ``stubborn`` waits.
-STUBBORN_LINE = next(n for n, line in enumerate(SETUP.splitlines(), 1) if "# where it waits" in line)
+#: The cell run after the load: the ledger watching, then :data:`SETUP`.
+AFTER_LOAD = LOAD + SETUP
+
+#: The line of that cell where ``stubborn`` waits.
+STUBBORN_LINE = next(n for n, line in enumerate(AFTER_LOAD.splitlines(), 1) if "# where it waits" in line)
+
+#: A task factory of the user's, set before nbcoord loads: it must stay in charge, and be back after unload.
+USERS_FACTORY = (
+    "import asyncio\nMADE = []\n"
+    "def users_factory(loop, coro, **kw):\n"
+    "    MADE.append(coro.__qualname__)\n"
+    "    return asyncio.Task(coro, loop=loop, **kw)\n"
+    "asyncio.get_running_loop().set_task_factory(users_factory)"
+)
+
+#: The module's kernel (conftest's ``kernel``): every kernel Python with ipykernel 7, and ipykernel 6.
+KERNEL_OPTIONS = kernel_params([*KERNEL_PYTHONS, IK6], setup=USERS_FACTORY, after=AFTER_LOAD)
 
 
-@pytest.fixture(scope="module", params=KERNELS)
-def kernel(request: pytest.FixtureRequest) -> Iterator[Kernel]:
-    k = Kernel(python=request.param)
-    try:
-        # A task factory of the user's, set before nbcoord loads: it must stay in charge, and be back after unload.
-        k.run(
-            "import asyncio\nMADE = []\n"
-            "def users_factory(loop, coro, **kw):\n"
-            "    MADE.append(coro.__qualname__)\n"
-            "    return asyncio.Task(coro, loop=loop, **kw)\n"
-            "asyncio.get_running_loop().set_task_factory(users_factory)"
-        )
-        k.run(LOAD)
-        k.setup_cell = int(k.run(SETUP).reply["content"]["execution_count"])  # type: ignore[attr-defined]
-        yield k
-    finally:
-        k.close()
+def setup_cell(kernel: Kernel) -> int:
+    """The execution count of the cell that defined ``stubborn`` (the kernel's set-up cell after the load)."""
+    count: int = kernel.evaluate("min(i for i, source in enumerate(In) if 'async def stubborn' in source)")
+    return count
 
 
 def interrupt_cell(kernel: Kernel, code: str, tmp_path: Path) -> int:
@@ -112,7 +106,7 @@ def test_tasks_left_by_an_interrupted_cell(kernel: Kernel, tmp_path: Path) -> No
         "poll_forever()",
         "stubborn()",
     ]
-    setup: int = kernel.setup_cell  # type: ignore[attr-defined]
+    setup = setup_cell(kernel)
     for row in rows:
         assert row["cell"] == cell, row
         assert row["zombie"] == "cell-interrupted", row
@@ -202,7 +196,7 @@ def test_unload_gives_the_loop_its_own_factory_back(kernel: Kernel) -> None:
     assert kernel.evaluate("asyncio.get_running_loop().get_task_factory() is users_factory")
     assert kernel.evaluate("'new_event_loop' not in vars(asyncio.get_event_loop_policy())")
     kernel.run("t = asyncio.ensure_future(poll_forever()); t.cancel()")
-    kernel.run(LOAD)  # loaded again: attributes again, on top of the user's factory
+    kernel.run("%load_ext nbcoord\n" + LOAD)  # loaded again: attributes again, on top of the user's factory
     cell = int(kernel.run("t = asyncio.ensure_future(poll_forever())").reply["content"]["execution_count"])
     rows = wait_until(lambda: task_rows(kernel), timeout=10, what="the new task's row")
     assert [row["cell"] for row in rows] == [cell]
