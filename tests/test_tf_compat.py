@@ -10,18 +10,13 @@ as a failed thread; an interrupted ``fit`` leaves threads that are listed with t
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from helpers import Kernel, wait_until
-from tf_support import TF_KERNELS, collect_interrupted, marked_json, start_kernel
+from helpers import Kernel, marked_json, wait_until
+from tf_support import collect_interrupted, tf_kernel_params
 
 pytestmark = [pytest.mark.kernel, pytest.mark.tensorflow]
-
-
-def run(kernel: Kernel, code: str, **kwargs: Any) -> Any:
-    return kernel.run(textwrap.dedent(code), **kwargs)
 
 
 def user_threads(kernel: Kernel) -> list[dict[str, Any]]:
@@ -32,31 +27,22 @@ def user_threads(kernel: Kernel) -> list[dict[str, Any]]:
     return rows
 
 
-@pytest.fixture(scope="module", params=TF_KERNELS)
-def kernel(request: pytest.FixtureRequest) -> Iterator[Kernel]:
-    k = start_kernel(request.param)
-    try:
-        run(k, "%load_ext nbcoord")
-        run(
-            k,
-            """
-            import json, threading, time
-            import numpy as np
-            import nbcoord
-            import tensorflow as tf
-            cpus = tf.config.list_physical_devices("CPU")
-            tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
-            """,
-        )
-        yield k
-    finally:
-        k.close()
+#: The module's kernel (conftest's ``kernel``), one per TensorFlow release: two logical CPUs for the strategies.
+KERNEL_OPTIONS = tf_kernel_params(
+    after="""
+    import json, threading, time
+    import numpy as np
+    import nbcoord
+    import tensorflow as tf
+    cpus = tf.config.list_physical_devices("CPU")
+    tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
+    """
+)
 
 
 def test_mirrored_strategy_and_from_generator_leave_nothing_behind(kernel: Kernel) -> None:
-    result = run(
-        kernel,
-        """
+    result = kernel.run(
+        textwrap.dedent("""
         strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
         with strategy.scope():
             weight = tf.Variable(1.0)
@@ -68,22 +54,21 @@ def test_mirrored_strategy_and_from_generator_leave_nothing_behind(kernel: Kerne
         total = sum(float(tf.reduce_sum(batch)) for batch in data)
         print("@@" + json.dumps([strategy.num_replicas_in_sync,
                                  [float(x) for x in strategy.experimental_local_results(out)], total]))
-        """,
+        """),
     )
     assert marked_json(result) == [2, [2.0, 2.0], 4950.0]
     wait_until(lambda: user_threads(kernel) == [], 10, what="MirroredStrategy's threads to end")
     assert kernel.evaluate("nbcoord.snapshot()['zombie_count']") == 0
-    failed = run(
-        kernel,
-        """
+    failed = kernel.run(
+        textwrap.dedent("""
         def bad(x):
             raise ValueError("replica failed")
         strategy.run(bad, args=(tf.constant(2.0),))
-        """,
+        """),
         allow_error=True,
     )
     assert failed.errors and failed.errors[0]["ename"] == "ValueError", "MirroredStrategy raises it in the cell"
-    after = run(kernel, "print('next')")
+    after = kernel.run("print('next')")
     assert "failed" not in after.stderr, f"reported a second time as a thread failure: {after.stderr}"
     wait_until(lambda: user_threads(kernel) == [], 10, what="the replica threads to end")
 
@@ -92,9 +77,8 @@ def test_mirrored_strategy_and_from_generator_leave_nothing_behind(kernel: Kerne
 def keras_kernel(kernel: Kernel) -> Kernel:
     """The kernel once Keras, a dataset of batches with two worker threads and a small model are defined (each
     test that fits one asks for this, so that it runs alone too: ``-k`` selects it without the others)."""
-    run(
-        kernel,
-        """
+    kernel.run(
+        textwrap.dedent("""
         import keras
         if hasattr(keras.utils, "PyDataset"):  # Keras 3: the dataset holds its workers
             Base, DATA, FIT = keras.utils.PyDataset, dict(workers=2, use_multiprocessing=False), {}
@@ -111,14 +95,14 @@ def keras_kernel(kernel: Kernel) -> Kernel:
                 return np.ones((8, 4), "float32"), np.ones((8, 1), "float32")
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
         model.compile("sgd", "mse")
-        """,
+        """),
     )
     return kernel
 
 
 def test_keras_fit_with_pydataset_workers_leaves_nothing_behind(keras_kernel: Kernel) -> None:
     kernel = keras_kernel
-    run(kernel, "model.fit(Batches(20, 0.0, **DATA), epochs=2, verbose=0, **FIT)")
+    kernel.run("model.fit(Batches(20, 0.0, **DATA), epochs=2, verbose=0, **FIT)")
     wait_until(lambda: user_threads(kernel) == [], 10, what="fit's threads to end")
     assert kernel.evaluate("nbcoord.snapshot()['zombie_count']") == 0
 

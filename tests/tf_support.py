@@ -1,5 +1,5 @@
-"""What the TensorFlow test modules share: the TensorFlow releases their kernels run on, a kernel with nbcoord's
-test diagnostics, the Interrupt's collection, and the JSON a cell printed.
+"""What the TensorFlow test modules share: the TensorFlow releases their kernels run on, the options of a kernel with
+nbcoord's test diagnostics (for conftest's ``kernel`` and ``own_kernel``), and the Interrupt's collection.
 
 :data:`TF_KERNELS`: tensorflow-cpu 2.21 in ``.venv``, and the oldest claimed, 2.15, in ``.venv-tf215``
 (``NBCOORD_TF215_PYTHON``; ``tools/dev.py test`` builds it).
@@ -7,7 +7,6 @@ test diagnostics, the Interrupt's collection, and the JSON a cell printed.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -15,8 +14,9 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import helpers
 import pytest
-from helpers import CellResult, Kernel, wait_until
+from helpers import CellResult, Kernel, kernel_params, wait_until
 
 KERNEL_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2"}
 REPO = Path(__file__).resolve().parent.parent
@@ -54,8 +54,26 @@ def collect_interrupted(kernel: Kernel, msg_id: str) -> CellResult:
         raise AssertionError(f"{error}\nkernel stacks, the main thread first:\n" + "\n\n".join(stacks)) from None
 
 
+#: nbcoord's test diagnostics, the cell a kernel runs before nbcoord loads: SIGUSR1 dumps every thread's stack to
+#: stacks.txt in the kernel's working directory, which is its temporary directory (:class:`helpers.Kernel`).
+DIAGNOSTICS = """
+import faulthandler as _faulthandler, signal as _signal
+_stacks = open("stacks.txt", "w")
+_faulthandler.register(_signal.SIGUSR1, file=_stacks, all_threads=True)
+"""
+
+
+def tf_kernel_params(*, setup: str = DIAGNOSTICS, after: str = "", **options: Any) -> list[Any]:
+    """Parameters of conftest's ``kernel`` or ``own_kernel``, one per release of :data:`TF_KERNELS`: the kernel's
+    environment quiets TensorFlow, ``setup`` (dedented; by default :data:`DIAGNOSTICS`) runs before nbcoord loads and
+    ``after`` (dedented) after; ``options``: the other fields of :class:`helpers.KernelOptions`."""
+    return kernel_params(
+        TF_KERNELS, env=KERNEL_ENV, setup=textwrap.dedent(setup), after=textwrap.dedent(after), **options
+    )
+
+
 def start_kernel(python: str | None = None) -> Kernel:
-    """A kernel with nbcoord's test diagnostics: SIGUSR1 dumps every thread's stack to stacks.txt."""
+    """TRANSITIONAL: removed once every TensorFlow module takes conftest's kernel (tf_kernel_params)."""
     k = Kernel(python=python, env=KERNEL_ENV)
     k.run(
         textwrap.dedent(
@@ -70,6 +88,5 @@ def start_kernel(python: str | None = None) -> Kernel:
 
 
 def marked_json(result: CellResult) -> Any:
-    """The JSON a cell printed after ``@@``."""
-    line = next(line for line in result.stdout.splitlines() if line.startswith("@@"))
-    return json.loads(line[2:])
+    """TRANSITIONAL: helpers.marked_json."""
+    return helpers.marked_json(result)
