@@ -8,18 +8,13 @@ from __future__ import annotations
 
 import re
 import textwrap
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from helpers import Kernel
-from tf_support import TF_KERNELS, start_kernel
+from tf_support import tf_kernel_params
 
 pytestmark = [pytest.mark.kernel, pytest.mark.tensorflow]
-
-
-def run(kernel: Kernel, code: str, **kwargs: Any) -> Any:
-    return kernel.run(textwrap.dedent(code), **kwargs)
 
 
 def note(result: Any) -> str:
@@ -42,40 +37,31 @@ def last_cell(kernel: Kernel) -> int:
     return next_cell(kernel) - 2
 
 
-@pytest.fixture(scope="module", params=TF_KERNELS)
-def kernel(request: pytest.FixtureRequest) -> Iterator[Kernel]:
-    k = start_kernel(request.param)
-    try:
-        run(k, "%load_ext nbcoord")
-        run(
-            k,
-            """
-            import json, threading, time
-            import nbcoord
-            import tensorflow as tf
-            tf.compat.v1.disable_eager_execution()
-            tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
-            """,
-        )
-        yield k
-    finally:
-        k.close()
+#: The module's kernel (conftest's ``kernel``), one per TensorFlow release, in graph mode.
+KERNEL_OPTIONS = tf_kernel_params(
+    after="""
+    import json, threading, time
+    import nbcoord
+    import tensorflow as tf
+    tf.compat.v1.disable_eager_execution()
+    tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
+    """
+)
 
 
 def test_a_queue_closed_by_a_coordinators_stop(kernel: Kernel) -> None:
-    run(
-        kernel,
-        """
+    kernel.run(
+        textwrap.dedent("""
         fed = tf.compat.v1.FIFOQueue(5, tf.float32, name="fed")
         qr = tf.compat.v1.train.QueueRunner(fed, [fed.enqueue(1.0)])
         sess = tf.compat.v1.Session()
         coord = tf.compat.v1.train.Coordinator()
         threads = qr.create_threads(sess, coord=coord, start=True)
-        """,
+        """),
     )
     stopped_in = next_cell(kernel)
-    run(kernel, "coord.request_stop(); coord.join(threads)")
-    result = run(kernel, "for _ in range(6):\n    sess.run(fed.dequeue())", allow_error=True)
+    kernel.run("coord.request_stop(); coord.join(threads)")
+    result = kernel.run("for _ in range(6):\n    sess.run(fed.dequeue())", allow_error=True)
     assert result.errors[0]["ename"] == "OutOfRangeError"
     sentence = note(result)
     assert sentence.startswith("nbcoord: queue `fed` was closed "), sentence
@@ -83,42 +69,40 @@ def test_a_queue_closed_by_a_coordinators_stop(kernel: Kernel) -> None:
         "by QueueRunner `fed` when Coordinator c" in sentence
         and f"was asked to stop by the main thread in cell [{stopped_in}]" in sentence
     ), sentence
-    run(kernel, "sess.close()")
+    kernel.run("sess.close()")
 
 
 def test_a_queue_closed_by_nbcoords_stop_and_by_a_close_op(kernel: Kernel) -> None:
-    run(
-        kernel,
-        """
+    kernel.run(
+        textwrap.dedent("""
         stopped = tf.compat.v1.FIFOQueue(5, tf.float32, name="stopped")
         by_user = tf.compat.v1.FIFOQueue(5, tf.float32, name="by_user")
         close_it = by_user.close()
         qr = tf.compat.v1.train.QueueRunner(stopped, [stopped.enqueue(1.0)])
         sess = tf.compat.v1.Session()
         threads = qr.create_threads(sess, start=True)
-        """,
+        """),
     )
     stop_cell = next_cell(kernel)
-    run(kernel, "nbcoord.stop_all(grace=2.0)")
-    result = run(kernel, "for _ in range(6):\n    sess.run(stopped.dequeue())", allow_error=True)
+    kernel.run("nbcoord.stop_all(grace=2.0)")
+    result = kernel.run("for _ in range(6):\n    sess.run(stopped.dequeue())", allow_error=True)
     sentence = note(result)
     assert "queue `stopped` was closed" in sentence, sentence
     assert f"by nbcoord's stop (the stop of all, run in cell [{stop_cell}])" in sentence, sentence
     close_cell = next_cell(kernel)
-    run(kernel, "sess.run(close_it)")
-    result = run(kernel, "sess.run(by_user.dequeue())", allow_error=True)
+    kernel.run("sess.run(close_it)")
+    result = kernel.run("sess.run(by_user.dequeue())", allow_error=True)
     assert note(result).endswith(f"queue `by_user` was closed just now by a close op run in cell [{close_cell}].")
-    quiet = run(kernel, "try:\n    sess.run(by_user.dequeue())\nexcept tf.errors.OutOfRangeError:\n    print('caught')")
+    quiet = kernel.run("try:\n    sess.run(by_user.dequeue())\nexcept tf.errors.OutOfRangeError:\n    print('caught')")
     assert quiet.stdout.strip() == "caught" and "nbcoord" not in quiet.text, "caught errors print nothing"
-    run(kernel, "sess.close()")
+    kernel.run("sess.close()")
 
 
 def test_a_poll_that_read_the_queue_before_the_stop_closed_it_keeps_who_closed_it(kernel: Kernel) -> None:
     """The monitor reads every queue's size and closed flag, then stores them: a read made before the stop's
     close, stored after it, must not wipe out who closed the queue (it did, in about 2 full runs in 3)."""
-    run(
-        kernel,
-        """
+    kernel.run(
+        textwrap.dedent("""
         raced = tf.compat.v1.FIFOQueue(5, tf.float32, name="raced")
         qr = tf.compat.v1.train.QueueRunner(raced, [raced.enqueue(1.0)])
         sess = tf.compat.v1.Session()
@@ -145,16 +129,16 @@ def test_a_poll_that_read_the_queue_before_the_stop_closed_it_keeps_who_closed_i
         objects._update = noting_update
         poller.fetch = held_fetch
         assert read.wait(10), "the monitor polls"
-        """,
+        """),
     )
     stop_cell = next_cell(kernel)
-    run(kernel, "nbcoord.stop_all(grace=2.0)\nrelease.set()\nassert stored.wait(10), 'the stale read is stored'")
-    result = run(kernel, "for _ in range(6):\n    sess.run(raced.dequeue())", allow_error=True)
+    kernel.run("nbcoord.stop_all(grace=2.0)\nrelease.set()\nassert stored.wait(10), 'the stale read is stored'")
+    result = kernel.run("for _ in range(6):\n    sess.run(raced.dequeue())", allow_error=True)
     sentence = note(result)
     assert f"queue `raced` was closed just now by nbcoord's stop (the stop of all, run in cell [{stop_cell}])" in (
         sentence
     ), sentence
-    run(kernel, "sess.close()")
+    kernel.run("sess.close()")
 
 
 def test_a_runners_close_on_stop_runs_its_cancel_op_through_the_close_prepared_for_it(kernel: Kernel) -> None:
@@ -162,9 +146,8 @@ def test_a_runners_close_on_stop_runs_its_cancel_op_through_the_close_prepared_f
     op builds an executor (most of plain TensorFlow's stop of 10 runners). nbcoord runs the same op through the
     callable it prepared for the runner: the queue is closed and who closed it known, as before, with no
     ordinary run made by that thread."""
-    run(
-        kernel,
-        """
+    kernel.run(
+        textwrap.dedent("""
         cancelled = tf.compat.v1.FIFOQueue(2, tf.float32, name="cancelled")
         qr = tf.compat.v1.train.QueueRunner(cancelled, [cancelled.enqueue(1.0)])
         sess = tf.compat.v1.Session()
@@ -175,31 +158,29 @@ def test_a_runners_close_on_stop_runs_its_cancel_op_through_the_close_prepared_f
         while integration.stopping.prepared_run(sess, qr.cancel_op) is None and time.monotonic() < deadline:
             time.sleep(0.02)  # the monitor prepares a few closes per tick
         assert integration.stopping.prepared_run(sess, qr.cancel_op) is not None, "prepared by the monitor"
-        """,
+        """),
     )
     stop_cell = next_cell(kernel)
-    run(kernel, "coord.request_stop(); coord.join(threads)")
+    kernel.run("coord.request_stop(); coord.join(threads)")
     closer = kernel.evaluate("[threads[-1].name, getattr(integration.tracker.state_of(threads[-1]), 'runs', 0)]")
     assert closer == ["QueueRunnerThread-cancelled-close_on_stop", 0], "no ordinary run: the prepared one"
     assert kernel.evaluate("bool(sess.run(cancelled.is_closed()))") is True
-    result = run(kernel, "for _ in range(3):\n    sess.run(cancelled.dequeue())", allow_error=True)
+    result = kernel.run("for _ in range(3):\n    sess.run(cancelled.dequeue())", allow_error=True)
     sentence = note(result)
     assert "by QueueRunner `cancelled` when Coordinator c" in sentence, sentence
     assert f"was asked to stop by the main thread in cell [{stop_cell}]" in sentence, sentence
-    run(kernel, "sess.close()")
+    kernel.run("sess.close()")
 
 
 def test_a_dequeue_that_times_out_names_the_fill_level_and_the_missing_runner(kernel: Kernel) -> None:
-    run(
-        kernel,
-        """
+    kernel.run(
+        textwrap.dedent("""
         nobody = tf.compat.v1.FIFOQueue(5, tf.float32, name="nobody")
         enq = nobody.enqueue(1.0)  # an enqueue op alone is not a runner
         sess = tf.compat.v1.Session()
-        """,
+        """),
     )
-    result = run(
-        kernel,
+    result = kernel.run(
         "sess.run(nobody.dequeue(), options=tf.compat.v1.RunOptions(timeout_in_ms=200))",
         allow_error=True,
     )
@@ -208,15 +189,14 @@ def test_a_dequeue_that_times_out_names_the_fill_level_and_the_missing_runner(ke
         "nbcoord: dequeue of queue `nobody` timed out: it held 0 of 5 elements, and no QueueRunner feeds it (an "
         "enqueue op alone is not a runner; start_queue_runners starts those added with add_queue_runner)."
     )
-    run(kernel, "sess.close()")
+    kernel.run("sess.close()")
 
 
 def test_a_thread_that_outlives_its_with_session(kernel: Kernel) -> None:
     """A feeding thread (not a QueueRunner: those nbcoord stops before the session closes) keeps running after
     the ``with`` block closed its session; its coordinator re-raises the error in the cell that joins it."""
-    result = run(
-        kernel,
-        """
+    result = kernel.run(
+        textwrap.dedent("""
         q = tf.compat.v1.FIFOQueue(5, tf.float32, name="outlived")
         enq = q.enqueue(1.0)
         coord = tf.compat.v1.train.Coordinator()
@@ -232,7 +212,7 @@ def test_a_thread_that_outlives_its_with_session(kernel: Kernel) -> None:
             feeder.start()
             time.sleep(0.1)
         coord.join([feeder])
-        """,
+        """),
         allow_error=True,
     )
     cell = last_cell(kernel)
