@@ -7,45 +7,32 @@ to restart a session's queue runners but stopping them and re-running the cells 
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from helpers import Kernel, wait_until
-from tf_support import TF_KERNELS, marked_json, start_kernel
+from helpers import Kernel, marked_json, wait_until
+from tf_support import tf_kernel_params
 
 pytestmark = [pytest.mark.kernel, pytest.mark.tensorflow]
 
 
-def run(kernel: Kernel, code: str, **kwargs: Any) -> Any:
-    return kernel.run(textwrap.dedent(code), **kwargs)
-
-
-@pytest.fixture(scope="module", params=TF_KERNELS)
-def kernel(request: pytest.FixtureRequest) -> Iterator[Kernel]:
-    """A graph-mode kernel whose runner threads count as stuck after 1 s without progress."""
-    k = start_kernel(request.param)
-    try:
-        run(k, "%load_ext nbcoord")
-        run(
-            k,
-            """
-            import json, threading, time
-            import numpy as np
-            import nbcoord
-            import tensorflow as tf
-            tf.compat.v1.disable_eager_execution()
-            tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
-            integration = nbcoord.tensorflow.integration.current()
-            integration.stuck_after_s = 1.0
-            def runner_rows():
-                return [r for s in nbcoord.snapshot()["sessions"] for r in s.get("runners", [])]
-            """,
-        )
-        run(k, "%nbcoord config monitor_interval=0.2")
-        yield k
-    finally:
-        k.close()
+#: The module's kernel (conftest's ``kernel``), one per TensorFlow release: a graph-mode kernel whose runner threads
+#: count as stuck after 1 s without progress.
+KERNEL_OPTIONS = tf_kernel_params(
+    after="""
+    import json, threading, time
+    import numpy as np
+    import nbcoord
+    import tensorflow as tf
+    tf.compat.v1.disable_eager_execution()
+    tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
+    integration = nbcoord.tensorflow.integration.current()
+    integration.stuck_after_s = 1.0
+    def runner_rows():
+        return [r for s in nbcoord.snapshot()["sessions"] for r in s.get("runners", [])]
+    %nbcoord config monitor_interval=0.2
+    """
+)
 
 
 def stuck_rows(kernel: Kernel) -> list[dict[str, Any]]:
@@ -54,9 +41,8 @@ def stuck_rows(kernel: Kernel) -> list[dict[str, Any]]:
 
 
 def test_a_runner_waiting_on_an_empty_upstream_queue_is_stuck_and_one_on_a_full_queue_is_not(kernel: Kernel) -> None:
-    run(
-        kernel,
-        """
+    kernel.run(
+        textwrap.dedent("""
         tf.compat.v1.reset_default_graph()
         raw = tf.compat.v1.FIFOQueue(10, tf.float32, name="raw")
         parsed = tf.compat.v1.FIFOQueue(10, tf.float32, name="parsed")
@@ -67,7 +53,7 @@ def test_a_runner_waiting_on_an_empty_upstream_queue_is_stuck_and_one_on_a_full_
         coord = tf.compat.v1.train.Coordinator()
         threads = [t for r in (parse, fill) for t in r.create_threads(sess, coord=coord, start=True)]
         sess.run(raw.enqueue_many([[1.0, 2.0, 3.0]]))
-        """,
+        """),
     )
     (row,) = wait_until(lambda: stuck_rows(kernel), 20, interval=0.2, what="the parse runner to be stuck")
     assert row["name"].startswith("QueueRunnerThread-parsed") and row["runner"] == "parsed", row
@@ -82,13 +68,12 @@ def test_a_runner_waiting_on_an_empty_upstream_queue_is_stuck_and_one_on_a_full_
     assert queues["parsed"]["stuck_runners"] == 1 and queues["full"]["stuck_runners"] == 0
     session = kernel.evaluate("nbcoord.snapshot()['sessions']")[-1]
     assert session["stuck_runners"] == 1 and session["restartable"] is True
-    run(kernel, "nbcoord.stop_all(grace=2.0); sess.close()")
+    kernel.run("nbcoord.stop_all(grace=2.0); sess.close()")
 
 
 def test_a_runner_inside_a_slow_op_is_stuck_on_its_own_enqueue_op(kernel: Kernel) -> None:
-    run(
-        kernel,
-        """
+    kernel.run(
+        textwrap.dedent("""
         tf.compat.v1.reset_default_graph()
         release = threading.Event()
         def slow():
@@ -100,17 +85,16 @@ def test_a_runner_inside_a_slow_op_is_stuck_on_its_own_enqueue_op(kernel: Kernel
         )
         sess = tf.compat.v1.Session()
         threads = slowqr.create_threads(sess, start=True)
-        """,
+        """),
     )
     (row,) = wait_until(lambda: stuck_rows(kernel), 20, interval=0.2, what="the slow runner to be stuck")
     assert row["waits_on"].startswith("`read_slowly` (no queue upstream explains the wait"), row
-    run(kernel, "release.set(); [t.join(5) for t in threads]; sess.close()")
+    kernel.run("release.set(); [t.join(5) for t in threads]; sess.close()")
 
 
 def test_restart_stops_resets_and_starts_a_sessions_runners_with_a_fresh_coordinator(kernel: Kernel) -> None:
-    run(
-        kernel,
-        """
+    kernel.run(
+        textwrap.dedent("""
         tf.compat.v1.reset_default_graph()
         raw = tf.compat.v1.FIFOQueue(10, tf.float32, name="raw")
         parsed = tf.compat.v1.FIFOQueue(10, tf.float32, name="parsed")
@@ -121,17 +105,16 @@ def test_restart_stops_resets_and_starts_a_sessions_runners_with_a_fresh_coordin
         threads = tf.compat.v1.train.start_queue_runners(sess, coord=coord)
         feed = raw.enqueue_many([[1.0, 2.0, 3.0]])
         sess.run(feed)
-        """,
+        """),
     )
     wait_until(lambda: stuck_rows(kernel), 20, interval=0.2, what="the runner to be stuck")
-    result = run(
-        kernel,
-        """
+    result = kernel.run(
+        textwrap.dedent("""
         sid = nbcoord.snapshot()["sessions"][-1]["id"]
         report = integration.restart_runners(sid)
         print(report["text"])
         print("@@" + json.dumps(report))
-        """,
+        """),
     )
     report = marked_json(result)
     assert len(report["stopped"]) == 3 and report["alive"] == [] and report["errors"] == [], report
@@ -153,6 +136,6 @@ def test_restart_stops_resets_and_starts_a_sessions_runners_with_a_fresh_coordin
     # the runner's own queue), nbcoord's does.
     stop = kernel.evaluate("nbcoord.stop_all(grace=2.0)")
     assert len(stop["stopped"]) == 3 and stop["alive"] == [], stop
-    run(kernel, "sess.close()")
-    bad = run(kernel, "integration.restart_runners('s999')", allow_error=True)
+    kernel.run("sess.close()")
+    bad = kernel.run("integration.restart_runners('s999')", allow_error=True)
     assert bad.errors and bad.errors[0]["ename"] == "ValueError" and "s999" in bad.errors[0]["evalue"]
