@@ -10,52 +10,37 @@ from __future__ import annotations
 import json
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from helpers import Kernel, wait_until
-from tf_support import KERNEL_ENV, TF_KERNELS, collect_interrupted, marked_json, start_kernel
+from helpers import Kernel, marked_json, wait_until
+from tf_support import collect_interrupted, tf_kernel_params
 
 pytestmark = [pytest.mark.kernel, pytest.mark.tensorflow]
 
 
-def run(kernel: Kernel, code: str, **kwargs: Any) -> Any:
-    return kernel.run(textwrap.dedent(code), **kwargs)
+#: The module's kernel (conftest's ``kernel``), one per TensorFlow release: TensorFlow 2's default (eager) mode,
+#: nbcoord loaded first.
+KERNEL_OPTIONS = tf_kernel_params(
+    after="""
+    import json, threading, time
+    import nbcoord
+    import tensorflow as tf
+    assert tf.executing_eagerly()
+    """
+)
 
 
-@pytest.fixture(scope="module", params=TF_KERNELS)
-def eager_kernel(request: pytest.FixtureRequest) -> Iterator[Kernel]:
-    """A kernel in TensorFlow 2's default (eager) mode, nbcoord loaded first."""
-    k = start_kernel(request.param)
-    try:
-        run(k, "%load_ext nbcoord")
-        run(
-            k,
-            """
-            import json, threading, time
-            import nbcoord
-            import tensorflow as tf
-            assert tf.executing_eagerly()
-            """,
-        )
-        yield k
-    finally:
-        k.close()
-
-
-def test_eager_queues_are_registered_like_graph_ones(eager_kernel: Kernel) -> None:
-    result = run(
-        eager_kernel,
-        """
+def test_eager_queues_are_registered_like_graph_ones(kernel: Kernel) -> None:
+    result = kernel.run(
+        textwrap.dedent("""
         reg = tf.queue.FIFOQueue(10, tf.float32, name="registered")
         for value in (1.0, 2.0, 3.0):
             reg.enqueue(value)
         unnamed = tf.queue.RandomShuffleQueue(8, 2, tf.int32)
         rows = {r["name"]: r for r in nbcoord.snapshot()["queues"] if r["mode"] == "eager"}
         print("@@" + json.dumps(rows))
-        """,
+        """),
     )
     rows = marked_json(result)
     row = rows["registered"]
@@ -63,14 +48,14 @@ def test_eager_queues_are_registered_like_graph_ones(eager_kernel: Kernel) -> No
     assert row["cell"] is not None and row["session"] is None and row["polled"] is True
     (shuffle,) = [r for name, r in rows.items() if name.startswith("RandomShuffleQueue q")]
     assert (shuffle["capacity"], shuffle["size"]) == (8, 0)
-    report = run(eager_kernel, "%nbcoord").stdout
+    report = kernel.run("%nbcoord").stdout
     assert "registered: 3 of 10 (open" in report, report
 
 
-def test_interrupt_ends_a_main_thread_blocked_in_an_eager_dequeue(eager_kernel: Kernel, tmp_path: Path) -> None:
+def test_interrupt_ends_a_main_thread_blocked_in_an_eager_dequeue(kernel: Kernel, tmp_path: Path) -> None:
     blocked = tmp_path / "blocked.json"
-    run(eager_kernel, "starved = tf.queue.FIFOQueue(10, tf.float32, name='starved')")
-    cell = eager_kernel.submit(
+    kernel.run("starved = tf.queue.FIFOQueue(10, tf.float32, name='starved')")
+    cell = kernel.submit(
         textwrap.dedent(
             f"""
             def spy():
@@ -87,23 +72,22 @@ def test_interrupt_ends_a_main_thread_blocked_in_an_eager_dequeue(eager_kernel: 
     (row,) = json.loads(blocked.read_text())
     assert row["thread"] == "MainThread" and row["queue_name"] == "starved", row
     assert "in dequeue of eager queue `starved` (0 of 10 elements, no live producer)" in row["text"], row
-    eager_kernel.interrupt()
-    result = collect_interrupted(eager_kernel, cell)
+    kernel.interrupt()
+    result = collect_interrupted(kernel, cell)
     assert result.errors and result.errors[0]["ename"] == "KeyboardInterrupt", result.errors
     sentence = result.errors[0]["evalue"]
     assert "dequeue of eager queue `starved`" in sentence and "is now closed" in sentence, sentence
     frames = "".join(result.errors[0]["traceback"])
     assert "tensorflow/python" not in frames, "the traceback holds the cell's frames and nbcoord's one"
-    later = run(eager_kernel, "starved.enqueue(1.0)", allow_error=True)
+    later = kernel.run("starved.enqueue(1.0)", allow_error=True)
     assert later.errors and later.errors[0]["ename"] == "CancelledError"
     text = "".join(later.errors[0]["traceback"])
     assert "nbcoord: eager queue `starved` was closed" in text and "Interrupt" in text, text
 
 
-def test_stop_ends_threads_blocked_on_a_full_and_an_empty_eager_queue(eager_kernel: Kernel) -> None:
-    run(
-        eager_kernel,
-        """
+def test_stop_ends_threads_blocked_on_a_full_and_an_empty_eager_queue(kernel: Kernel) -> None:
+    kernel.run(
+        textwrap.dedent("""
         full = tf.queue.FIFOQueue(2, tf.float32, name="full")
         empty = tf.queue.FIFOQueue(2, tf.float32, name="empty")
         def produce():
@@ -122,48 +106,47 @@ def test_stop_ends_threads_blocked_on_a_full_and_an_empty_eager_queue(eager_kern
         workers = [threading.Thread(target=f, name=f.__name__) for f in (produce, consume, polite)]
         for w in workers:
             w.start()
-        """,
+        """),
     )
 
     def blocked() -> list[str]:
-        rows = eager_kernel.evaluate("[r['thread'] for r in nbcoord.snapshot()['blocked_runs']]")
+        rows = kernel.evaluate("[r['thread'] for r in nbcoord.snapshot()['blocked_runs']]")
         return rows if {"produce", "consume", "polite"} <= set(rows) else []
 
     wait_until(blocked, 20, interval=0.2, what="three threads blocked on eager queues")
-    stop = run(eager_kernel, "%nbcoord stop").stdout
+    stop = kernel.run("%nbcoord stop").stdout
     assert "3 stopped, 0 still alive" in stop, stop
-    assert eager_kernel.evaluate("[w.is_alive() for w in workers]") == [False, False, False]
-    after = run(eager_kernel, "print('next')")
+    assert kernel.evaluate("[w.is_alive() for w in workers]") == [False, False, False]
+    after = kernel.run("print('next')")
     assert "failed" not in after.stderr, "a thread nbcoord stopped is reported as stopped, not as failed"
-    failures = eager_kernel.evaluate("[f['thread_name'] for f in nbcoord.snapshot()['failures']]")
+    failures = kernel.evaluate("[f['thread_name'] for f in nbcoord.snapshot()['failures']]")
     assert not {"produce", "consume", "polite"} & set(failures), failures
-    rows = {r["name"]: r for r in eager_kernel.evaluate("nbcoord.snapshot()['queues']")}
+    rows = {r["name"]: r for r in kernel.evaluate("nbcoord.snapshot()['queues']")}
     assert rows["full"]["closed"] and rows["empty"]["closed"]
 
 
-@pytest.mark.parametrize("python", TF_KERNELS)
-def test_shutdown_with_a_thread_blocked_on_a_full_eager_queue_exits_cleanly(python: str) -> None:
-    k = Kernel(python=python, env=KERNEL_ENV)
-    try:
-        run(k, "%load_ext nbcoord")
-        run(
-            k,
-            """
-            import threading
-            import tensorflow as tf
-            q = tf.queue.FIFOQueue(2, tf.float32)
-            def produce():
-                while True:
-                    q.enqueue(1.0)
-            producer = threading.Thread(target=produce, name="producer")  # non-daemon
-            producer.start()
-            """,
-        )
-        wait_until(lambda: k.evaluate("int(q.size())") == 2, 20, what="the queue to fill")
-        started = time.monotonic()
-        k.request_shutdown()
-        status = k.wait_exit(timeout=2.5)
-        print(f"kernel exited with {status} in {time.monotonic() - started:.2f} s")
-        assert status == 0
-    finally:
-        k.close()
+#: A kernel without the diagnostics cell whose thread blocks on a full eager queue.
+BLOCKED_ON_A_FULL_QUEUE = tf_kernel_params(
+    setup="",
+    after="""
+    import threading
+    import tensorflow as tf
+    q = tf.queue.FIFOQueue(2, tf.float32)
+    def produce():
+        while True:
+            q.enqueue(1.0)
+    producer = threading.Thread(target=produce, name="producer")  # non-daemon
+    producer.start()
+    """,
+)
+
+
+@pytest.mark.parametrize("own_kernel", BLOCKED_ON_A_FULL_QUEUE, indirect=True)
+def test_shutdown_with_a_thread_blocked_on_a_full_eager_queue_exits_cleanly(own_kernel: Kernel) -> None:
+    k = own_kernel
+    wait_until(lambda: k.evaluate("int(q.size())") == 2, 20, what="the queue to fill")
+    started = time.monotonic()
+    k.request_shutdown()
+    status = k.wait_exit(timeout=2.5)
+    print(f"kernel exited with {status} in {time.monotonic() - started:.2f} s")
+    assert status == 0
