@@ -17,13 +17,12 @@ from __future__ import annotations
 import json
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import CellResult, Kernel, wait_until
-from tf_support import KERNEL_ENV, TF_KERNELS, collect_interrupted, marked_json, start_kernel
+from helpers import CellResult, Kernel, marked_json, wait_until
+from tf_support import collect_interrupted, tf_kernel_params
 
 pytestmark = [pytest.mark.kernel, pytest.mark.tensorflow]
 
@@ -39,37 +38,21 @@ RUNNER_ERRORS = (
 )
 
 
-def run(kernel: Kernel, code: str, **kwargs: Any) -> CellResult:
-    return kernel.run(textwrap.dedent(code), **kwargs)
-
-
-def value(kernel: Kernel, expression: str) -> Any:
-    return kernel.evaluate(expression)
-
-
 def assert_quiet(result: CellResult) -> None:
     found = [word for word in RUNNER_ERRORS if word in result.text]
     assert not found, f"runner errors printed ({found}):\n{result.text}"
 
 
-@pytest.fixture(scope="module", params=TF_KERNELS)
-def shared_kernel(request: pytest.FixtureRequest) -> Iterator[Kernel]:
-    """One kernel per TensorFlow release, nbcoord loaded, shared by the tests of this module that can share it."""
-    k = start_kernel(request.param)
-    try:
-        run(k, "%load_ext nbcoord")
-        yield k
-    finally:
-        k.close()
+#: The module's kernel (conftest's ``kernel``): one per TensorFlow release, nbcoord loaded, shared by the tests of
+#: this module that can share it.
+KERNEL_OPTIONS = tf_kernel_params()
 
 
 @pytest.fixture(scope="module")
-def tf_setup(shared_kernel: Kernel) -> tuple[Kernel, dict[str, Any]]:
+def tf_setup(kernel: Kernel) -> tuple[Kernel, dict[str, Any]]:
     """The shared kernel once TensorFlow is imported there, in the same cell as the first Session."""
-    kernel = shared_kernel
-    result = run(
-        kernel,
-        """
+    result = kernel.run(
+        textwrap.dedent("""
         import json, os, sys, threading, time
         import numpy as np
         import nbcoord
@@ -87,7 +70,7 @@ def tf_setup(shared_kernel: Kernel) -> tuple[Kernel, dict[str, Any]]:
             "hook_left": _imports.watching("tensorflow"),
         }))
         sess0.close()
-        """,
+        """),
     )
     return kernel, marked_json(result)
 
@@ -98,24 +81,24 @@ def tf_kernel(tf_setup: tuple[Kernel, dict[str, Any]]) -> Kernel:
 
 
 def fresh_graph(kernel: Kernel) -> None:
-    run(kernel, "tf.compat.v1.reset_default_graph()")
+    kernel.run("tf.compat.v1.reset_default_graph()")
 
 
 def stop_all(kernel: Kernel) -> dict[str, Any]:
-    report: dict[str, Any] = value(kernel, "nbcoord.stop_all(grace=2.0)")
+    report: dict[str, Any] = kernel.evaluate("nbcoord.stop_all(grace=2.0)")
     return report
 
 
 # ------------------------------------------------------------------------------------------ registration
-def test_loading_does_not_import_tensorflow(shared_kernel: Kernel) -> None:
+def test_loading_does_not_import_tensorflow(kernel: Kernel) -> None:
     """Runs before any test imports TensorFlow in the shared kernel (tests run in file order)."""
     hooked = "__import__('nbcoord.core.imports').core.imports.hook_installed()"
-    assert value(shared_kernel, "'tensorflow' in __import__('sys').modules") is False
-    assert value(shared_kernel, hooked) is True
-    run(shared_kernel, "%unload_ext nbcoord")
-    assert value(shared_kernel, hooked) is False, "unload removes the post-import hook"
-    run(shared_kernel, "%load_ext nbcoord")
-    assert value(shared_kernel, hooked) is True
+    assert kernel.evaluate("'tensorflow' in __import__('sys').modules") is False
+    assert kernel.evaluate(hooked) is True
+    kernel.run("%unload_ext nbcoord")
+    assert kernel.evaluate(hooked) is False, "unload removes the post-import hook"
+    kernel.run("%load_ext nbcoord")
+    assert kernel.evaluate(hooked) is True
 
 
 def test_tensorflow_imported_after_load_in_the_same_cell_as_the_first_session(
@@ -133,9 +116,8 @@ def test_tensorflow_imported_after_load_in_the_same_cell_as_the_first_session(
 
 def test_polling_ops_are_built_once_outside_the_users_context(tf_kernel: Kernel) -> None:
     fresh_graph(tf_kernel)
-    result = run(
-        tf_kernel,
-        """
+    result = tf_kernel.run(
+        textwrap.dedent("""
         counter = tf.compat.v1.get_variable("counter", initializer=0, use_resource=True)
         step = counter.assign_add(1)
         with tf.control_dependencies([step]), tf.name_scope("user_scope"):
@@ -152,7 +134,7 @@ def test_polling_ops_are_built_once_outside_the_users_context(tf_kernel: Kernel)
             "grown": len(every_op(graph)) - before,
         }))
         sess.close()
-        """,
+        """),
     )
     built = marked_json(result)
     types = sorted(op_type for _name, op_type, _deps in built["ops"])
@@ -165,9 +147,8 @@ def test_polling_ops_are_built_once_outside_the_users_context(tf_kernel: Kernel)
 def test_the_users_graph_stays_the_users_in_counts_and_exports(tf_kernel: Kernel, tmp_path: Path) -> None:
     """Part 5: nbcoord's polling ops are the session's; a graph with one FIFOQueue has one op, and exports it alone
     (``as_graph_def``, ``export_meta_graph``, ``write_graph``, a SavedModel). Before: 5 ops, all exported."""
-    result = run(
-        tf_kernel,
-        f"""
+    result = tf_kernel.run(
+        textwrap.dedent(f"""
         graph = tf.Graph()
         with graph.as_default():
             q = tf.compat.v1.FIFOQueue(5, tf.float32, name="only")
@@ -194,7 +175,7 @@ def test_the_users_graph_stays_the_users_in_counts_and_exports(tf_kernel: Kernel
             "queue_row": [r for r in nbcoord.snapshot()["queues"] if r["name"] == "only"][0]["size"],
         }}))
         sess.close()
-        """,
+        """),
     )
     seen = marked_json(result)
     assert seen["ops"] == ["only", "only_Size"], seen
@@ -239,15 +220,14 @@ def submit_blocked(kernel: Kernel, tmp_path: Path, statement: str) -> tuple[str,
 
 def test_s1_blocked_dequeue_is_explained_and_interrupt_ends_it(tf_kernel: Kernel, tmp_path: Path) -> None:
     fresh_graph(tf_kernel)
-    run(
-        tf_kernel,
-        """
+    tf_kernel.run(
+        textwrap.dedent("""
         q = tf.compat.v1.FIFOQueue(100, tf.float32, name="input")
         enq = q.enqueue(tf.constant(1.0))  # an enqueue op alone is not a runner: nothing feeds the queue
         deq = q.dequeue()
         sess = tf.compat.v1.Session()
         tf.compat.v1.train.start_queue_runners(sess)
-        """,
+        """),
     )
     cell, rows = submit_blocked(tf_kernel, tmp_path, "sess.run(deq)")
     (row,) = rows
@@ -267,20 +247,19 @@ def test_s1_blocked_dequeue_is_explained_and_interrupt_ends_it(tf_kernel: Kernel
     assert "tensorflow/python" not in frames and "nbcoord/tensorflow/runs.py" in frames, frames
     print("interrupt to KeyboardInterrupt in the cell:", result.stdout.strip())
     # The session and the queue are still usable.
-    after = value(tf_kernel, "[float(sess.run(q.enqueue(5.0)) or sess.run(deq)), int(sess.run(q.size()))]")
+    after = tf_kernel.evaluate("[float(sess.run(q.enqueue(5.0)) or sess.run(deq)), int(sess.run(q.size()))]")
     assert after == [5.0, 0]
-    run(tf_kernel, "sess.close()")
+    tf_kernel.run("sess.close()")
 
 
 def test_interrupt_ends_a_main_thread_blocked_enqueuing_into_a_full_queue(tf_kernel: Kernel, tmp_path: Path) -> None:
     fresh_graph(tf_kernel)
-    run(
-        tf_kernel,
-        """
+    tf_kernel.run(
+        textwrap.dedent("""
         q = tf.compat.v1.FIFOQueue(3, tf.float32, name="nobody_reads")
         enq, deq = q.enqueue(1.0), q.dequeue()
         sess = tf.compat.v1.Session()
-        """,
+        """),
     )
     cell, rows = submit_blocked(tf_kernel, tmp_path, "for _ in range(4): sess.run(enq)")
     assert "in enqueue of queue `nobody_reads` (3 of 3 elements, no thread dequeuing)" in rows[0]["text"]
@@ -288,8 +267,8 @@ def test_interrupt_ends_a_main_thread_blocked_enqueuing_into_a_full_queue(tf_ker
     result = collect_interrupted(tf_kernel, cell)
     assert result.errors and result.errors[0]["ename"] == "KeyboardInterrupt"
     assert "(3 elements dropped)" in result.errors[0]["evalue"]
-    assert value(tf_kernel, "[sess.run(enq), int(sess.run(q.size())), float(sess.run(deq))]") == [None, 1, 1.0]
-    run(tf_kernel, "sess.close()")
+    assert tf_kernel.evaluate("[sess.run(enq), int(sess.run(q.size())), float(sess.run(deq))]") == [None, 1, 1.0]
+    tf_kernel.run("sess.close()")
 
 
 PREPARED = """
@@ -308,47 +287,45 @@ print("@@" + json.dumps({
 """
 
 
-@pytest.mark.parametrize("python", TF_KERNELS)
-def test_the_first_interrupts_traceback_is_prepared_right_after_tensorflows_import(python: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "own_kernel", tf_kernel_params(after="import json, threading, time\nimport nbcoord\nimport tensorflow as tf"),
+    indirect=True,
+)
+def test_the_first_interrupts_traceback_is_prepared_right_after_tensorflows_import(
+    own_kernel: Kernel, tmp_path: Path
+) -> None:
     """The first Interrupt of a blocked run took 40-50 ms longer than the later ones (and up to 0.7 s longer when
     the press found the per-run preparation still running): IPython, formatting the first traceback through
     nbcoord's wrapper, compiled pygments' Python lexer, tokenized the wrapper's file and indexed every module.
     That is done once, on a thread of nbcoord's own, right after TensorFlow's import: before any cell has failed
     (in a fresh kernel nothing else does it), and with no thread of nbcoord's left when it is done."""
-    kernel = start_kernel(python)
-    try:
-        run(kernel, "%load_ext nbcoord")
-        run(kernel, "import json, threading, time\nimport nbcoord\nimport tensorflow as tf")
-        names = "[t.name for t in threading.enumerate() if t.name == 'nbcoord-tf-prepare']"
-        wait_until(lambda: value(kernel, names) == [], 30, what="the preparing thread to end")
-        seen = marked_json(run(kernel, PREPARED))
-        assert seen == {"lexer": True, "modules_indexed": True, "sources": [True, True]}, seen
-        # The first Interrupt, with all that prepared, ends the cell as before.
-        run(
-            kernel,
-            """
-            tf.compat.v1.disable_eager_execution()
-            q = tf.compat.v1.FIFOQueue(10, tf.float32, name="input")
-            deq = q.dequeue()
-            sess = tf.compat.v1.Session()
-            """,
-        )
-        cell, _rows = submit_blocked(kernel, tmp_path, "sess.run(deq)")
-        kernel.interrupt()
-        result = collect_interrupted(kernel, cell)
-        assert result.errors and result.errors[0]["ename"] == "KeyboardInterrupt", result.errors
-        frames = "".join(result.errors[0]["traceback"])
-        assert "tensorflow/python" not in frames and "nbcoord/tensorflow/runs.py" in frames, frames
-    finally:
-        kernel.close()
+    kernel = own_kernel
+    names = "[t.name for t in threading.enumerate() if t.name == 'nbcoord-tf-prepare']"
+    wait_until(lambda: kernel.evaluate(names) == [], 30, what="the preparing thread to end")
+    seen = marked_json(kernel.run(textwrap.dedent(PREPARED)))
+    assert seen == {"lexer": True, "modules_indexed": True, "sources": [True, True]}, seen
+    # The first Interrupt, with all that prepared, ends the cell as before.
+    kernel.run(
+        textwrap.dedent("""
+        tf.compat.v1.disable_eager_execution()
+        q = tf.compat.v1.FIFOQueue(10, tf.float32, name="input")
+        deq = q.dequeue()
+        sess = tf.compat.v1.Session()
+        """),
+    )
+    cell, _rows = submit_blocked(kernel, tmp_path, "sess.run(deq)")
+    kernel.interrupt()
+    result = collect_interrupted(kernel, cell)
+    assert result.errors and result.errors[0]["ename"] == "KeyboardInterrupt", result.errors
+    frames = "".join(result.errors[0]["traceback"])
+    assert "tensorflow/python" not in frames and "nbcoord/tensorflow/runs.py" in frames, frames
 
 
 # ------------------------------------------------------------------------------------------------- S2
 def test_s2_closing_a_with_session_stops_its_runners_quietly(tf_kernel: Kernel) -> None:
     fresh_graph(tf_kernel)
-    result = run(
-        tf_kernel,
-        """
+    result = tf_kernel.run(
+        textwrap.dedent("""
         q = tf.compat.v1.FIFOQueue(10, tf.float32, name="with_queue")
         enq = q.enqueue(tf.random.uniform([]))
         tf.compat.v1.train.add_queue_runner(tf.compat.v1.train.QueueRunner(q, [enq] * 2))
@@ -356,26 +333,25 @@ def test_s2_closing_a_with_session_stops_its_runners_quietly(tf_kernel: Kernel) 
             threads = tf.compat.v1.train.start_queue_runners(sess)  # no coordinator
             got = sess.run(q.dequeue())
         print("@@alive", sum(t.is_alive() for t in threads), len(threads))
-        """,
+        """),
     )
     assert "@@alive 0 2" in result.stdout
     assert_quiet(result)
     # The close went through the extension's one stop (which reports), not a stop of its own.
-    closed = value(tf_kernel, "nbcoord.tensorflow.integration.current().last_close_report")
+    closed = tf_kernel.evaluate("nbcoord.tensorflow.integration.current().last_close_report")
     assert closed["why"].startswith("close of session s") and closed["alive"] == [], closed
     names = [row["name"] for row in closed["stopped"]]
     assert names == ["QueueRunnerThread-with_queue-with_queue_enqueue"] * 2, closed
-    assert value(tf_kernel, "nbcoord.snapshot()['last_stop']['scope']") == "threads"
-    later = run(tf_kernel, "print('next cell')")
+    assert tf_kernel.evaluate("nbcoord.snapshot()['last_stop']['scope']") == "threads"
+    later = tf_kernel.run("print('next cell')")
     assert_quiet(later)
     assert "failed" not in later.stderr, later.stderr
 
 
 def test_s2_with_a_coordinator_the_join_after_the_block_is_prompt(tf_kernel: Kernel) -> None:
     fresh_graph(tf_kernel)
-    result = run(
-        tf_kernel,
-        """
+    result = tf_kernel.run(
+        textwrap.dedent("""
         q = tf.compat.v1.FIFOQueue(10, tf.float32, name="with_coord")
         qr = tf.compat.v1.train.QueueRunner(q, [q.enqueue(tf.random.uniform([]))] * 2)
         coord = tf.compat.v1.train.Coordinator()
@@ -384,7 +360,7 @@ def test_s2_with_a_coordinator_the_join_after_the_block_is_prompt(tf_kernel: Ker
             sess.run(q.dequeue())
         coord.join(threads, stop_grace_period_secs=5)
         print("@@alive", sum(t.is_alive() for t in threads), len(threads), coord.should_stop())
-        """,
+        """),
     )
     assert "@@alive 0 3 True" in result.stdout
     assert_quiet(result)
@@ -393,14 +369,13 @@ def test_s2_with_a_coordinator_the_join_after_the_block_is_prompt(tf_kernel: Ker
 # ------------------------------------------------------------------------------------------------- S3
 def test_s3_join_without_stop_is_rescued_by_nbcoord_stop(tf_kernel: Kernel, tmp_path: Path) -> None:
     fresh_graph(tf_kernel)
-    run(
-        tf_kernel,
-        """
+    tf_kernel.run(
+        textwrap.dedent("""
         q = tf.compat.v1.FIFOQueue(5, tf.float32, name="forever")
         qr = tf.compat.v1.train.QueueRunner(q, [q.enqueue(tf.random.uniform([]))] * 2)
         sess = tf.compat.v1.Session()
         threads = qr.create_threads(sess, start=True)  # no coordinator: nothing will ever ask them to stop
-        """,
+        """),
     )
     # The cell hangs in join(); while it does, `%nbcoord stop` runs off the main thread, as the panel's Stop
     # button runs it (the kernel reads no new cell while one runs). A signal is not used: a thread blocked in
@@ -435,9 +410,8 @@ def test_s3_join_without_stop_is_rescued_by_nbcoord_stop(tf_kernel: Kernel, tmp_
 # ------------------------------------------------------------------------------------------------- S4
 def test_s4_the_coordinator_pattern_still_works(tf_kernel: Kernel) -> None:
     fresh_graph(tf_kernel)
-    result = run(
-        tf_kernel,
-        """
+    result = tf_kernel.run(
+        textwrap.dedent("""
         q = tf.compat.v1.FIFOQueue(20, tf.float32, name="s4")
         qr = tf.compat.v1.train.QueueRunner(q, [q.enqueue(tf.random.uniform([]))] * 3)
         sess = tf.compat.v1.Session()
@@ -449,7 +423,7 @@ def test_s4_the_coordinator_pattern_still_works(tf_kernel: Kernel) -> None:
         coord.join(threads)
         print("@@alive", sum(t.is_alive() for t in threads))
         sess.close()
-        """,
+        """),
     )
     assert "@@alive 0" in result.stdout
     assert_quiet(result)
@@ -458,9 +432,8 @@ def test_s4_the_coordinator_pattern_still_works(tf_kernel: Kernel) -> None:
 # ------------------------------------------------------------------------------------------- chained
 def test_chained_pipeline_stops_within_the_grace_period(tf_kernel: Kernel) -> None:
     fresh_graph(tf_kernel)
-    run(
-        tf_kernel,
-        """
+    tf_kernel.run(
+        textwrap.dedent("""
         files = tf.compat.v1.FIFOQueue(4, tf.string, name="files")
         floats = tf.compat.v1.FIFOQueue(4, tf.float32, name="floats")
         orphan = tf.compat.v1.FIFOQueue(4, tf.float32, name="orphan")  # nobody feeds it
@@ -471,14 +444,14 @@ def test_chained_pipeline_stops_within_the_grace_period(tf_kernel: Kernel) -> No
         sess = tf.compat.v1.Session()
         threads = [t for r in (reader, preprocess, starved) for t in r.create_threads(sess, start=True)]
         print([float(sess.run(floats.dequeue())) for _ in range(3)])
-        """,
+        """),
     )
-    report = value(tf_kernel, "nbcoord.stop_all(grace=1.0)")
+    report = tf_kernel.evaluate("nbcoord.stop_all(grace=1.0)")
     assert report["alive"] == [], report["alive"]
     assert len(report["stopped"]) == 4
     assert report["took_s"] < report["grace"]
-    assert value(tf_kernel, "[t.is_alive() for t in threads]") == [False] * 4
-    quiet = run(tf_kernel, "sess.close(); print('closed')")
+    assert tf_kernel.evaluate("[t.is_alive() for t in threads]") == [False] * 4
+    quiet = tf_kernel.run("sess.close(); print('closed')")
     assert_quiet(quiet)
 
 
@@ -486,9 +459,8 @@ def test_a_queue_whose_python_object_is_gone_is_still_polled_and_closed(tf_kerne
     """A queue built inside a helper function lives in the graph after its Python object is collected: a runner
     reading from it is still stopped (its upstream queue closed), and the queue is still polled."""
     fresh_graph(tf_kernel)
-    result = run(
-        tf_kernel,
-        """
+    result = tf_kernel.run(
+        textwrap.dedent("""
         import gc
         def build():
             raw = tf.compat.v1.FIFOQueue(10, tf.float32, name="dropped_raw")
@@ -499,19 +471,18 @@ def test_a_queue_whose_python_object_is_gone_is_still_polled_and_closed(tf_kerne
         sess = tf.compat.v1.Session()
         threads = qr.create_threads(sess, start=True)  # waits on dropped_raw, which nobody feeds
         print("@@" + json.dumps(sorted(q["name"] for q in nbcoord.snapshot()["queues"])))
-        """,
+        """),
     )
     assert marked_json(result) == ["dropped_raw", "kept_out"]
     report = stop_all(tf_kernel)
     assert report["alive"] == [] and len(report["stopped"]) == 1, report
-    run(tf_kernel, "sess.close()")
+    tf_kernel.run("sess.close()")
 
 
 # ------------------------------------------------------------------------------------------------- S5
 def test_s5_an_exception_in_a_worker_reaches_coord_join_with_its_cell(tf_kernel: Kernel) -> None:
-    started = run(
-        tf_kernel,
-        """
+    started = tf_kernel.run(
+        textwrap.dedent("""
         coord = tf.compat.v1.train.Coordinator()
         def worker():
             try:
@@ -524,20 +495,19 @@ def test_s5_an_exception_in_a_worker_reaches_coord_join_with_its_cell(tf_kernel:
             coord.join([w])
         except ValueError as e:
             print("@@joined", e)
-        """,
+        """),
     )
     assert "@@joined worker failed" in started.stdout
-    announced = run(tf_kernel, "print('next')")
+    announced = tf_kernel.run("print('next')")
     assert "worker-1" in announced.stderr and "worker failed" in announced.stderr
-    failure = value(tf_kernel, "[f for f in nbcoord.snapshot()['failures'] if f['thread_name'] == 'worker-1'][-1]")
+    failure = tf_kernel.evaluate("[f for f in nbcoord.snapshot()['failures'] if f['thread_name'] == 'worker-1'][-1]")
     assert failure["exc_type"] == "ValueError" and "worker failed" in failure["traceback"]
     assert failure["cell"] is not None and f"cell [{failure['cell']}]" in announced.stderr
 
 
 def test_s5_request_stop_outside_except_is_passed_on_not_a_type_error(tf_kernel: Kernel) -> None:
-    result = run(
-        tf_kernel,
-        """
+    result = tf_kernel.run(
+        textwrap.dedent("""
         coord = tf.compat.v1.train.Coordinator()
         coord.request_stop(ValueError("outside an except block"))  # TensorFlow 2.21 alone: TypeError here
         print("@@stop", coord.should_stop())
@@ -545,7 +515,7 @@ def test_s5_request_stop_outside_except_is_passed_on_not_a_type_error(tf_kernel:
             coord.join([])
         except ValueError as e:
             print("@@join", type(e).__name__, e)
-        """,
+        """),
     )
     assert "@@stop True" in result.stdout
     assert "@@join ValueError outside an except block" in result.stdout
@@ -553,9 +523,8 @@ def test_s5_request_stop_outside_except_is_passed_on_not_a_type_error(tf_kernel:
 
 def test_s5_a_failing_runner_stops_the_group_and_join_reraises(tf_kernel: Kernel) -> None:
     fresh_graph(tf_kernel)
-    result = run(
-        tf_kernel,
-        """
+    result = tf_kernel.run(
+        textwrap.dedent("""
         def bad():
             raise RuntimeError("bad record")
         q = tf.compat.v1.FIFOQueue(10, tf.float32, name="bad_input")
@@ -571,23 +540,22 @@ def test_s5_a_failing_runner_stops_the_group_and_join_reraises(tf_kernel: Kernel
             print("@@join", type(e).__name__, "bad record" in str(e))
         print("@@alive", sum(t.is_alive() for t in threads))
         sess.close()
-        """,
+        """),
     )
     assert "@@join UnknownError True" in result.stdout or "@@join InvalidArgumentError True" in result.stdout, (
         result.stdout
     )
     assert "@@alive 0" in result.stdout
-    announced = run(tf_kernel, "print('next')")
+    announced = tf_kernel.run("print('next')")
     assert "QueueRunnerThread-bad_input" in announced.stderr, announced.stderr
-    failures = value(tf_kernel, "[f['thread_name'] for f in nbcoord.snapshot()['failures'] if 'bad' in f['message']]")
+    failures = tf_kernel.evaluate("[f['thread_name'] for f in nbcoord.snapshot()['failures'] if 'bad' in f['message']]")
     assert any(name.startswith("QueueRunnerThread-bad_input") for name in failures), failures
 
 
 def test_s5_the_main_threads_own_request_stop_is_not_a_thread_failure(tf_kernel: Kernel) -> None:
     """Part 5: the main thread reporting its own exception to a coordinator is not "thread 'MainThread' failed"."""
-    result = run(
-        tf_kernel,
-        """
+    result = tf_kernel.run(
+        textwrap.dedent("""
         coord = tf.compat.v1.train.Coordinator()
         try:
             raise ValueError("the main thread's own")
@@ -597,21 +565,20 @@ def test_s5_the_main_threads_own_request_stop_is_not_a_thread_failure(tf_kernel:
             coord.join([])
         except ValueError as e:
             print("@@join", e)
-        """,
+        """),
     )
     assert "@@join the main thread's own" in result.stdout
-    announced = run(tf_kernel, "print('next')")
+    announced = tf_kernel.run("print('next')")
     assert "MainThread" not in announced.stderr, announced.stderr
-    failures = value(tf_kernel, "[f['thread_name'] for f in nbcoord.snapshot()['failures']]")
+    failures = tf_kernel.evaluate("[f['thread_name'] for f in nbcoord.snapshot()['failures']]")
     assert "MainThread" not in failures
 
 
 def test_s5_request_stop_inside_except_keeps_tensorflows_semantics(tf_kernel: Kernel) -> None:
     """Inside an ``except`` block TensorFlow records the exception being handled (sys.exc_info()), even when
     another one is passed: nbcoord passes the call on unchanged there."""
-    result = run(
-        tf_kernel,
-        """
+    result = tf_kernel.run(
+        textwrap.dedent("""
         coord = tf.compat.v1.train.Coordinator()
         try:
             raise KeyError("being handled")
@@ -621,7 +588,7 @@ def test_s5_request_stop_inside_except_keeps_tensorflows_semantics(tf_kernel: Ke
             coord.join([])
         except Exception as e:
             print("@@join", type(e).__name__)
-        """,
+        """),
     )
     assert "@@join KeyError" in result.stdout, result.stdout
 
@@ -632,9 +599,8 @@ def test_a_runner_whose_enqueue_op_is_a_tensor_is_registered_and_stopped(tf_kern
     warning: 'SymbolicTensor' object has no attribute 'type'). A count_up_to that never touches the queue only
     stops between runs, through its coordinator (as in TensorFlow itself)."""
     fresh_graph(tf_kernel)
-    result = run(
-        tf_kernel,
-        """
+    result = tf_kernel.run(
+        textwrap.dedent("""
         var = tf.compat.v1.Variable(tf.constant(0, dtype=tf.int64), use_resource=False)
         counted = var.count_up_to(1_000_000_000)
         gate = tf.compat.v1.FIFOQueue(2, tf.int64, name="gate")
@@ -645,29 +611,28 @@ def test_a_runner_whose_enqueue_op_is_a_tensor_is_registered_and_stopped(tf_kern
         threads = qr.create_threads(sess, coord=coord, start=True)
         names = sorted(t["name"] for t in nbcoord.snapshot()["threads"] if t["name"].startswith("QueueRunnerThread"))
         print("@@" + json.dumps(names))
-        """,
+        """),
     )
     names = marked_json(result)
     assert "QueueRunnerThread-gate-CountUpTo:0" in names, names
     assert "could not register" not in result.text, result.text
-    owners = value(
-        tf_kernel, "[t['owners'] for t in nbcoord.snapshot()['threads'] if t['name'].endswith('CountUpTo:0')][0]"
+    owners = tf_kernel.evaluate(
+        "[t['owners'] for t in nbcoord.snapshot()['threads'] if t['name'].endswith('CountUpTo:0')][0]"
     )
     assert {o["kind"] for o in owners} == {"queue", "queue-runner", "session", "coordinator"}, owners
     report = stop_all(tf_kernel)
     assert report["alive"] == [] and len(report["stopped"]) == 3, report
-    assert value(tf_kernel, "[t.is_alive() for t in threads]") == [False, False, False]
-    run(tf_kernel, "sess.close()")
+    assert tf_kernel.evaluate("[t.is_alive() for t in threads]") == [False, False, False]
+    tf_kernel.run("sess.close()")
 
 
 # ------------------------------------------------------------------------------------------------- S6
 def test_s6_fill_levels_of_two_queues_change_over_time(tf_kernel: Kernel) -> None:
     fresh_graph(tf_kernel)
-    run(tf_kernel, "%nbcoord config monitor_interval=0.1")
+    tf_kernel.run("%nbcoord config monitor_interval=0.1")
     try:
-        run(
-            tf_kernel,
-            """
+        tf_kernel.run(
+            textwrap.dedent("""
             def slow_one():
                 time.sleep(0.01)
                 return np.float32(1.0)
@@ -687,11 +652,11 @@ def test_s6_fill_levels_of_two_queues_change_over_time(tf_kernel: Kernel) -> Non
                     time.sleep(0.005)
             drainer = threading.Thread(target=consumer, name="consumer")
             drainer.start()
-            """,
+            """),
         )
 
         def histories() -> dict[str, list[int]]:
-            queues = value(tf_kernel, "nbcoord.snapshot()['queues']")
+            queues = tf_kernel.evaluate("nbcoord.snapshot()['queues']")
             sizes = {q["name"]: [point[1] for point in q["history"]] for q in queues}
             if all(len(sizes.get(name, [])) >= 8 for name in ("filling", "draining")):
                 return sizes
@@ -701,40 +666,39 @@ def test_s6_fill_levels_of_two_queues_change_over_time(tf_kernel: Kernel) -> Non
         filling, draining = sizes["filling"], sizes["draining"]
         assert filling == sorted(filling) and filling[-1] > filling[0], filling
         assert draining == sorted(draining, reverse=True) and draining[-1] < draining[0], draining
-        rows = {q["name"]: q for q in value(tf_kernel, "nbcoord.snapshot()['queues']")}
+        rows = {q["name"]: q for q in tf_kernel.evaluate("nbcoord.snapshot()['queues']")}
         assert rows["filling"]["enqueue_rate"] > 0 and rows["filling"]["runners"] == 1
         assert rows["draining"]["runners"] == 0
-        report = run(tf_kernel, "%nbcoord")
+        report = tf_kernel.run("%nbcoord")
         assert "filling:" in report.stdout and "of 1000" in report.stdout
     finally:
-        run(tf_kernel, "coord.request_stop(); coord.join(threads + [drainer]); sess.close()")
-        run(tf_kernel, "%nbcoord config monitor_interval=1.0")
+        tf_kernel.run("coord.request_stop(); coord.join(threads + [drainer]); sess.close()")
+        tf_kernel.run("%nbcoord config monitor_interval=1.0")
 
 
 # ------------------------------------------------------------------------------------------------- S7
 def test_s7_the_report_names_runner_threads_their_owners_and_queues(tf_kernel: Kernel) -> None:
     fresh_graph(tf_kernel)
-    run(
-        tf_kernel,
-        """
+    tf_kernel.run(
+        textwrap.dedent("""
         q = tf.compat.v1.FIFOQueue(10, tf.float32, name="leaky")
         qr = tf.compat.v1.train.QueueRunner(q, [q.enqueue(tf.random.uniform([]))] * 2)
         sess = tf.compat.v1.Session()
         threads = qr.create_threads(sess, start=True)
-        """,
+        """),
     )
-    cell = value(
-        tf_kernel, "threads and [t['cell'] for t in nbcoord.snapshot()['threads'] if t['name'] == threads[0].name][0]"
+    cell = tf_kernel.evaluate(
+        "threads and [t['cell'] for t in nbcoord.snapshot()['threads'] if t['name'] == threads[0].name][0]"
     )
-    wait_until(lambda: value(tf_kernel, "int(sess.run(q.size()))") == 10, 20, what="the queue to fill")
-    report = run(tf_kernel, "%nbcoord").stdout
+    wait_until(lambda: tf_kernel.evaluate("int(sess.run(q.size()))") == 10, 20, what="the queue to fill")
+    report = tf_kernel.run("%nbcoord").stdout
     assert f"Cell [{cell}]" in report
     assert "QueueRunnerThread-leaky-leaky_enqueue" in report
     assert "owner: queue `leaky`, QueueRunner `leaky`, Session s" in report
     assert "leaky: 10 of 10 (open" in report
-    blocked = value(tf_kernel, "nbcoord.snapshot()['blocked_runs']")
+    blocked = tf_kernel.evaluate("nbcoord.snapshot()['blocked_runs']")
     assert blocked == [] or all("enqueue of queue `leaky` (10 of 10 elements" in b["text"] for b in blocked)
-    quiet = run(tf_kernel, "sess.close(); print([t.is_alive() for t in threads])")
+    quiet = tf_kernel.run("sess.close(); print([t.is_alive() for t in threads])")
     assert "[False, False]" in quiet.stdout
     assert_quiet(quiet)
 
@@ -742,34 +706,32 @@ def test_s7_the_report_names_runner_threads_their_owners_and_queues(tf_kernel: K
 # ------------------------------------------------------------------------------------------------- S8
 def test_s8_a_stuck_runner_is_reported_and_stopping_it_stops_its_coordinator_group(tf_kernel: Kernel) -> None:
     fresh_graph(tf_kernel)
-    run(
-        tf_kernel,
-        """
+    tf_kernel.run(
+        textwrap.dedent("""
         a = tf.compat.v1.FIFOQueue(3, tf.float32, name="group_a")
         b = tf.compat.v1.FIFOQueue(3, tf.float32, name="group_b")
         runners = [tf.compat.v1.train.QueueRunner(x, [x.enqueue(tf.random.uniform([]))] * 2) for x in (a, b)]
         sess = tf.compat.v1.Session()
         coord = tf.compat.v1.train.Coordinator()
         threads = [t for r in runners for t in r.create_threads(sess, coord=coord, start=True)]
-        """,
+        """),
     )
 
     def stuck() -> list[dict[str, Any]]:
-        rows: list[dict[str, Any]] = value(tf_kernel, "nbcoord.snapshot()['blocked_runs']")
+        rows: list[dict[str, Any]] = tf_kernel.evaluate("nbcoord.snapshot()['blocked_runs']")
         return rows if len(rows) == 4 else []
 
     rows = wait_until(stuck, 20, interval=0.2, what="four runner threads blocked on full queues")
     assert all("(3 of 3 elements, no thread dequeuing)" in row["text"] for row in rows), rows
     tid = next(row["tid"] for row in rows if row["queue_name"] == "group_a")
-    stop = run(tf_kernel, f"%nbcoord stop --thread {tid}")
+    stop = tf_kernel.run(textwrap.dedent(f"%nbcoord stop --thread {tid}"))
     assert "1 stopped, 0 still alive" in stop.stdout, stop.stdout
-    result = run(
-        tf_kernel,
-        """
+    result = tf_kernel.run(
+        textwrap.dedent("""
         coord.join(threads, stop_grace_period_secs=5)
         print("@@group", coord.should_stop(), sum(t.is_alive() for t in threads), len(threads))
         sess.close()
-        """,
+        """),
     )
     assert "@@group True 0 6" in result.stdout
     assert_quiet(result)
@@ -778,9 +740,8 @@ def test_s8_a_stuck_runner_is_reported_and_stopping_it_stops_its_coordinator_gro
 # ------------------------------------------------------------------------------ MonitoredTrainingSession
 def test_monitored_training_session_with_a_finalized_graph(tf_kernel: Kernel) -> None:
     fresh_graph(tf_kernel)
-    result = run(
-        tf_kernel,
-        """
+    result = tf_kernel.run(
+        textwrap.dedent("""
         q = tf.compat.v1.FIFOQueue(50, tf.float32, shapes=[[]], name="mts_input")
         tf.compat.v1.train.add_queue_runner(
             tf.compat.v1.train.QueueRunner(q, [q.enqueue(tf.random.uniform([]))] * 2)
@@ -795,7 +756,7 @@ def test_monitored_training_session_with_a_finalized_graph(tf_kernel: Kernel) ->
             runners = [t for t in threading.enumerate() if t.name.startswith("QueueRunnerThread-mts_input")]
         print("@@" + json.dumps({"final": final, "rows": rows, "runners": len(runners),
                                  "alive": sum(t.is_alive() for t in runners)}))
-        """,
+        """),
     )
     mts = marked_json(result)
     assert mts["final"] is True
@@ -806,63 +767,56 @@ def test_monitored_training_session_with_a_finalized_graph(tf_kernel: Kernel) ->
 
 
 # ------------------------------------------------------------------------- existing objects and unload
-@pytest.fixture(scope="module", params=TF_KERNELS)
-def preloaded(request: pytest.FixtureRequest) -> Iterator[Kernel]:
-    """A kernel where TensorFlow and its objects exist before nbcoord is loaded."""
-    k = Kernel(python=request.param, env=KERNEL_ENV)
-    try:
-        run(
-            k,
-            """
-            import json, signal, sys, threading
-            import tensorflow as tf
-            from tensorflow.python.client.session import BaseSession
-            from tensorflow.python.ops.data_flow_ops import QueueBase
-            from tensorflow.python.training.queue_runner_impl import QueueRunner
-            from tensorflow.python.training.coordinator import Coordinator
-            tf.compat.v1.disable_eager_execution()
-            tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
-            PATCHED = [(BaseSession, "__init__"), (BaseSession, "close"), (BaseSession, "_call_tf_sessionrun"),
-                       (BaseSession, "run"), (QueueBase, "__init__"), (QueueBase, "enqueue"),
-                       (QueueBase, "enqueue_many"), (QueueBase, "dequeue"), (QueueBase, "dequeue_many"),
-                       (QueueBase, "dequeue_up_to"), (QueueBase, "close"), (QueueRunner, "create_threads"),
-                       (Coordinator, "__init__"), (Coordinator, "request_stop"), (tf.Graph, "_as_graph_def"),
-                       (threading.Thread, "start")]
-            def attrs():
-                return [cls.__dict__[name] for cls, name in PATCHED] + ["get_operations" in vars(tf.Graph)]
-            before = attrs()
-            meta_before = list(sys.meta_path)
-            old = tf.compat.v1.FIFOQueue(10, tf.float32, name="old")
-            old_sess = tf.compat.v1.Session()
-            old_sess.run(old.enqueue(2.0))
-            old_coord = tf.compat.v1.train.Coordinator()
-            """,
-        )
-        yield k
-    finally:
-        k.close()
+#: TensorFlow and its objects made before nbcoord is loaded (the kernel of the tests below loads it itself).
+PRELOADED = """
+import json, signal, sys, threading
+import tensorflow as tf
+from tensorflow.python.client.session import BaseSession
+from tensorflow.python.ops.data_flow_ops import QueueBase
+from tensorflow.python.training.queue_runner_impl import QueueRunner
+from tensorflow.python.training.coordinator import Coordinator
+tf.compat.v1.disable_eager_execution()
+tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
+PATCHED = [(BaseSession, "__init__"), (BaseSession, "close"), (BaseSession, "_call_tf_sessionrun"),
+           (BaseSession, "run"), (QueueBase, "__init__"), (QueueBase, "enqueue"),
+           (QueueBase, "enqueue_many"), (QueueBase, "dequeue"), (QueueBase, "dequeue_many"),
+           (QueueBase, "dequeue_up_to"), (QueueBase, "close"), (QueueRunner, "create_threads"),
+           (Coordinator, "__init__"), (Coordinator, "request_stop"), (tf.Graph, "_as_graph_def"),
+           (threading.Thread, "start")]
+def attrs():
+    return [cls.__dict__[name] for cls, name in PATCHED] + ["get_operations" in vars(tf.Graph)]
+before = attrs()
+meta_before = list(sys.meta_path)
+old = tf.compat.v1.FIFOQueue(10, tf.float32, name="old")
+old_sess = tf.compat.v1.Session()
+old_sess.run(old.enqueue(2.0))
+old_coord = tf.compat.v1.train.Coordinator()
+"""
+#: That kernel, once per TensorFlow release, shared by the tests below (conftest's ``kernel`` with these options).
+PRELOADED_KERNELS = tf_kernel_params(setup=PRELOADED, nbcoord="off")
 
 
-def test_existing_objects_are_found_and_unload_restores_every_patch(preloaded: Kernel) -> None:
-    run(preloaded, "%load_ext nbcoord\nimport nbcoord")
-    patched = value(preloaded, "[a is b for a, b in zip(attrs(), before)]")
+@pytest.mark.parametrize("kernel", PRELOADED_KERNELS, indirect=True)
+def test_existing_objects_are_found_and_unload_restores_every_patch(kernel: Kernel) -> None:
+    kernel.run("%load_ext nbcoord\nimport nbcoord")
+    patched = kernel.evaluate("[a is b for a, b in zip(attrs(), before)]")
     assert patched == [False] * 17, "every attribute is patched while loaded"
-    snap = value(preloaded, "{k: nbcoord.snapshot()[k] for k in ('queues', 'sessions')}")
+    snap = kernel.evaluate("{k: nbcoord.snapshot()[k] for k in ('queues', 'sessions')}")
     (old,) = [q for q in snap["queues"] if q["name"] == "old"]
     assert old["size"] == 1 and old["cell"] is None, "an existing queue is found and polled"
     assert [s["cell"] for s in snap["sessions"]] == [None]
-    run(preloaded, "%unload_ext nbcoord")
-    assert value(preloaded, "[a is b for a, b in zip(attrs(), before)]") == [True] * 17
-    assert value(preloaded, "list(sys.meta_path) == meta_before")
-    assert value(preloaded, "signal.set_wakeup_fd(-1)") == -1
-    assert value(preloaded, "[t.name for t in threading.enumerate() if t.name.startswith('nbcoord')]") == []
+    kernel.run("%unload_ext nbcoord")
+    assert kernel.evaluate("[a is b for a, b in zip(attrs(), before)]") == [True] * 17
+    assert kernel.evaluate("list(sys.meta_path) == meta_before")
+    assert kernel.evaluate("signal.set_wakeup_fd(-1)") == -1
+    assert kernel.evaluate("[t.name for t in threading.enumerate() if t.name.startswith('nbcoord')]") == []
 
 
-def test_without_nbcoord_the_with_trap_prints_runner_errors(preloaded: Kernel) -> None:
+@pytest.mark.parametrize("kernel", PRELOADED_KERNELS, indirect=True)
+def test_without_nbcoord_the_with_trap_prints_runner_errors(kernel: Kernel) -> None:
     """The control for S2: the same cell, nbcoord unloaded, leaves failing runner threads behind."""
-    result = run(
-        preloaded,
-        """
+    result = kernel.run(
+        textwrap.dedent("""
         q = tf.compat.v1.FIFOQueue(10, tf.float32, name="control")
         enq = q.enqueue(tf.random.uniform([]))
         qr = tf.compat.v1.train.QueueRunner(q, [enq] * 2)
@@ -871,35 +825,34 @@ def test_without_nbcoord_the_with_trap_prints_runner_errors(preloaded: Kernel) -
             sess.run(q.dequeue())
         for t in threads:
             t.join(5)
-        """,
+        """),
     )
     assert any(word in result.text for word in RUNNER_ERRORS), result.text
 
 
 # -------------------------------------------------------------------------------------------- shutdown
-@pytest.mark.parametrize("python", TF_KERNELS)
-def test_shutdown_with_live_non_daemon_runner_threads_exits_cleanly(python: str) -> None:
-    k = Kernel(python=python, env=KERNEL_ENV)
-    try:
-        run(k, "%load_ext nbcoord")
-        run(
-            k,
-            """
-            import tensorflow as tf
-            tf.compat.v1.disable_eager_execution()
-            q = tf.compat.v1.FIFOQueue(4, tf.float32, name="full")
-            qr = tf.compat.v1.train.QueueRunner(q, [q.enqueue(tf.random.uniform([]))] * 3)
-            sess = tf.compat.v1.Session()
-            threads = qr.create_threads(sess, start=True)  # non-daemon, no coordinator
-            assert not any(t.daemon for t in threads)
-            """,
-        )
-        wait_until(lambda: k.evaluate("int(sess.run(q.size()))") == 4, 20, what="the queue to fill")
-        started = time.monotonic()
-        k.request_shutdown()
-        # A front end sends SIGTERM 2.5 s after its shutdown request: the kernel must be gone, cleanly, by then.
-        status = k.wait_exit(timeout=2.5)
-        print(f"kernel exited with {status} in {time.monotonic() - started:.2f} s")
-        assert status == 0
-    finally:
-        k.close()
+#: A kernel without the diagnostics cell whose non-daemon runner threads, with no coordinator, keep a queue full.
+RUNNERS_ON_A_FULL_QUEUE = tf_kernel_params(
+    setup="",
+    after="""
+    import tensorflow as tf
+    tf.compat.v1.disable_eager_execution()
+    q = tf.compat.v1.FIFOQueue(4, tf.float32, name="full")
+    qr = tf.compat.v1.train.QueueRunner(q, [q.enqueue(tf.random.uniform([]))] * 3)
+    sess = tf.compat.v1.Session()
+    threads = qr.create_threads(sess, start=True)  # non-daemon, no coordinator
+    assert not any(t.daemon for t in threads)
+    """,
+)
+
+
+@pytest.mark.parametrize("own_kernel", RUNNERS_ON_A_FULL_QUEUE, indirect=True)
+def test_shutdown_with_live_non_daemon_runner_threads_exits_cleanly(own_kernel: Kernel) -> None:
+    k = own_kernel
+    wait_until(lambda: k.evaluate("int(sess.run(q.size()))") == 4, 20, what="the queue to fill")
+    started = time.monotonic()
+    k.request_shutdown()
+    # A front end sends SIGTERM 2.5 s after its shutdown request: the kernel must be gone, cleanly, by then.
+    status = k.wait_exit(timeout=2.5)
+    print(f"kernel exited with {status} in {time.monotonic() - started:.2f} s")
+    assert status == 0
