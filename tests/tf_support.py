@@ -14,7 +14,6 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-import helpers
 import pytest
 from helpers import CellResult, Kernel, kernel_params, wait_until
 
@@ -46,7 +45,7 @@ def collect_interrupted(kernel: Kernel, msg_id: str) -> CellResult:
         return kernel.collect(msg_id, timeout=20)
     except AssertionError as error:
         dump = Path(kernel._tmp.name) / "stacks.txt"
-        os.kill(kernel.pid, signal.SIGUSR1)  # faulthandler, registered by the fixtures
+        os.kill(kernel.pid, signal.SIGUSR1)  # faulthandler, registered by DIAGNOSTICS
         wait_until(lambda: dump.exists() and dump.stat().st_size > 0, 5, what="the stack dump")
         # The main thread first: CI shows the start and the end of a long failure, and it is the one that hangs.
         stacks = dump.read_text().strip().split("\n\n")
@@ -71,22 +70,3 @@ def tf_kernel_params(*, setup: str = DIAGNOSTICS, after: str = "", **options: An
         TF_KERNELS, env=KERNEL_ENV, setup=textwrap.dedent(setup), after=textwrap.dedent(after), **options
     )
 
-
-def start_kernel(python: str | None = None) -> Kernel:
-    """TRANSITIONAL: removed once every TensorFlow module takes conftest's kernel (tf_kernel_params)."""
-    k = Kernel(python=python, env=KERNEL_ENV)
-    k.run(
-        textwrap.dedent(
-            f"""
-        import faulthandler as _faulthandler, signal as _signal
-        _stacks = open({str(Path(k._tmp.name) / "stacks.txt")!r}, "w")
-        _faulthandler.register(_signal.SIGUSR1, file=_stacks, all_threads=True)
-        """
-        )
-    )
-    return k
-
-
-def marked_json(result: CellResult) -> Any:
-    """TRANSITIONAL: helpers.marked_json."""
-    return helpers.marked_json(result)
