@@ -9,7 +9,6 @@ it needs them, the resource probe or a callable, never this object.
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 from nbcoord.core import checks, fallbacks, fork, log
@@ -54,7 +53,6 @@ class Extension:
             at_exit=self.exit.leave_unstoppable,
         )
         self.host.shutdown_ran = lambda: self.shutdown.ran
-        self.loaded_at = time.time()
         self.installed = False
 
     # ------------------------------------------------------------------------------------ load / unload
@@ -166,7 +164,8 @@ class Extension:
 
     def panel_controller(self) -> Any:
         """The panel's controller (one per kernel), created on first use."""
-        from nbcoord.ui.panel import PanelActions, controller_for
+        from nbcoord.ui.actions import PanelActions
+        from nbcoord.ui.panel import controller_for
 
         actions = PanelActions(
             history=self.probe.history,

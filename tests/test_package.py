@@ -80,7 +80,7 @@ def test_installed_wheel_loads_in_a_fresh_venv_kernel(
         assert f"nbcoord: kernel pid {kernel.pid}:" in report, report
         assert "package-check" in report, report
 
-        kernel.run("import hashlib, nbcoord\nfrom nbcoord.ui import panel as _panel")
+        kernel.run("import hashlib, nbcoord\nfrom nbcoord.ui import widget as _panel")
         where = kernel.evaluate("nbcoord.__file__")
         assert Path(where).resolve().is_relative_to(env_dir.resolve()), where
         assert not Path(where).resolve().is_relative_to(REPO), where

@@ -213,7 +213,8 @@ def test_malformed_values_of_every_field_are_rejected_quietly(fk: PanelKernel) -
     fk.run(
         "from nbcoord.kernel import fastcomm_worker as _fastcomm_worker\n"
         "rejections_before = _panel_commands.log_rejection.calls\n"
-        "failures_before = [getattr(_panel, '_log_failure', _panel_commands.log_rejection).calls,"
+        "from nbcoord.ui import handling as _ui_handling\n"
+        "failures_before = [_ui_handling.log_failure.calls,"
         " getattr(_fastcomm_worker, '_log_failed', _panel_commands.log_rejection).calls]"
     )
     before = fk.value("[p.last_stop, p.ack, p.outcome, sorted(controller._views)]")
@@ -239,7 +240,7 @@ def test_malformed_values_of_every_field_are_rejected_quietly(fk: PanelKernel) -
     # judged as one, so there may be fewer rejections than commands, but none raised.
     judged = fk.value("_panel_commands.log_rejection.calls - rejections_before")
     raised = fk.value(
-        "[_panel._log_failure.calls - failures_before[0], _fastcomm_worker._log_failed.calls - failures_before[1]]"
+        "[_ui_handling.log_failure.calls - failures_before[0], _fastcomm_worker._log_failed.calls - failures_before[1]]"
     )
     assert judged >= len(commands) // 2, f"{judged} rejections for {len(commands)} commands"
     assert raised == [0, 0], f"{raised} commands raised instead of being rejected"

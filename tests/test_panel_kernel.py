@@ -33,8 +33,13 @@ from interpreters import IK6
 from panel_support import INTERVAL, SETUP, PanelKernel, click, reported
 
 from nbcoord.ui import commands as _panel_commands
+from nbcoord.ui import history as _ui_history
+from nbcoord.ui import memory as _ui_memory
+from nbcoord.ui import outcomes as _ui_outcomes
 from nbcoord.ui import panel as _panel
+from nbcoord.ui import runs as _ui_runs
 from nbcoord.ui import sender as _panel_sender
+from nbcoord.ui import source as _ui_source
 
 
 def _environments() -> list[Any]:
@@ -604,8 +609,8 @@ def test_rows_held_back_for_their_size_go_out_when_their_wait_is_over_not_at_the
 # ------------------------------------------------------------------------------ fast tier: no kernel process
 
 
-def parse(content: object, tids: tuple[str, ...] = ("t1",), cells: tuple[int, ...] = (3,)) -> _panel.Command:
-    return _panel.parse_command(content, thread_exists=lambda t: t in tids, cell_exists=lambda n: n in cells)
+def parse(content: object, tids: tuple[str, ...] = ("t1",), cells: tuple[int, ...] = (3,)) -> _panel_commands.Command:
+    return _panel_commands.parse_command(content, thread_exists=lambda t: t in tids, cell_exists=lambda n: n in cells)
 
 
 def test_commands_are_checked_against_the_ids_the_kernel_issued() -> None:
@@ -639,15 +644,15 @@ def test_commands_are_checked_against_the_ids_the_kernel_issued() -> None:
         ({"type": "view", "view_id": "<v>", "action": "open", "click_id": "v1-3"}, "view_id"),
     ]
     for content, why in rejected:
-        with pytest.raises(_panel.Rejected, match=why):
+        with pytest.raises(_panel_commands.Rejected, match=why):
             parse(content)
 
 
 def test_rejections_are_short_whatever_the_input() -> None:
-    with pytest.raises(_panel.Rejected) as info:
+    with pytest.raises(_panel_commands.Rejected) as info:
         parse({"type": "stop", "scope": "all", "click_id": "v1-3", "k" * 10_000_000: 1})
     assert len(str(info.value)) < 200
-    with pytest.raises(_panel.Rejected) as info:
+    with pytest.raises(_panel_commands.Rejected) as info:
         parse({"type": "x" * 10_000_000, "click_id": "v1-3"})
     assert len(str(info.value)) < 200
 
@@ -655,14 +660,14 @@ def test_rejections_are_short_whatever_the_input() -> None:
 def test_history_keeps_change_points_within_the_window() -> None:
     now = 1000.0
     points = [[now - 700, 1], [now - 10, 1], [now - 9, 1], [now - 8, 2], [now - 7, 2], [now - 1, 1]]
-    assert _panel.change_points(points, now=now) == [[now - 10, 1], [now - 8, 2], [now - 1, 1]]
+    assert _ui_history.change_points(points, now=now) == [[now - 10, 1], [now - 8, 2], [now - 1, 1]]
     many = [[now - 500 + i, i] for i in range(400)]
-    thinned = _panel.change_points(many, now=now, limit=100)
+    thinned = _ui_history.change_points(many, now=now, limit=100)
     assert len(thinned) <= 100
     assert thinned[-1] == [now - 101, 399]  # the newest point is always kept
     mib = 1 << 20
     memory = [[now - 3, 100 * mib], [now - 2, 101 * mib], [now - 1, 104 * mib]]
-    assert _panel.change_points(memory, now=now, close=_panel._memory_close) == [
+    assert _ui_history.change_points(memory, now=now, close=_ui_memory.memory_close) == [
         [now - 3, 100 * mib],
         [now - 1, 104 * mib],
     ]
@@ -672,29 +677,29 @@ def test_memory_figures_move_only_by_a_visible_step() -> None:
     mib = 1 << 20
     old = {"host": {"rss": 100 * mib, "total": 16 << 30}, "gpu": {"devices": [{"index": 0, "used": 500 * mib}]}}
     new = {"host": {"rss": 101 * mib, "total": 16 << 30}, "gpu": {"devices": [{"index": 0, "used": 520 * mib}]}}
-    steady = _panel.steady_resources(new, old)
+    steady = _ui_memory.steady_resources(new, old)
     assert steady is not None
     assert steady["host"]["rss"] == 100 * mib  # 1 MiB: below the step, the old figure stays
     assert steady["gpu"]["devices"][0]["used"] == 520 * mib  # 20 MiB: shown
-    assert _panel.steady_resources(new, None) is new
+    assert _ui_memory.steady_resources(new, None) is new
 
 
 def test_a_blocked_run_leaves_its_growing_duration_to_the_front_end() -> None:
     row = {"text": "t blocked 2.0 s in dequeue of queue `q`", "seconds": 2.04, "since": 100.0, "tid": "t1"}
-    assert _panel._blocked_row(row) == {
+    assert _ui_runs.templated(row) == {
         "text": "t blocked {duration} in dequeue of queue `q`",
         "since": 100.0,
         "tid": "t1",
     }
     other = {"text": "something else", "seconds": 2.0, "since": 1.0}
-    assert _panel._blocked_row(other) == other
+    assert _ui_runs.templated(other) == other
 
 
 def test_actions_are_checked_too() -> None:
     sessions = ("sess-1",)
 
-    def parse_session(content: object) -> _panel.Command:
-        return _panel.parse_command(
+    def parse_session(content: object) -> _panel_commands.Command:
+        return _panel_commands.parse_command(
             content, thread_exists=lambda t: False, cell_exists=lambda n: False, session_exists=lambda s: s in sessions
         )
 
@@ -713,9 +718,9 @@ def test_actions_are_checked_too() -> None:
         ({"type": "restart", "click_id": "v1-5"}, "session must be"),
         ({"type": "reclaim", "click_id": "v1-5", "outputs": True}, "unexpected keys"),
     ]:
-        with pytest.raises(_panel.Rejected, match=why):
+        with pytest.raises(_panel_commands.Rejected, match=why):
             parse_session(content)
-    with pytest.raises(_panel.Rejected, match="no session"):  # no session can restart when none was issued
+    with pytest.raises(_panel_commands.Rejected, match="no session"):  # no session can restart when none was issued
         parse({"type": "restart", "session": "sess-1", "click_id": "v1-6"})
 
 
@@ -784,7 +789,7 @@ def test_counts_are_the_true_ones_however_many_rows_are_sent() -> None:
     }
     state = _panel_state.panel_state(_snapshot(threads, ledger=[item]))
     assert state["header"]["threads"] == 2501
-    assert len(state["threads"]) == _panel_state.MAX_THREAD_ROWS
+    assert len(state["threads"]) == _ui_source.MAX_THREAD_ROWS
     assert state["threads"][0]["tid"] == "z"  # zombies first
     assert state["threads"][0]["reasons"] == [["cell-interrupted", 5.0]]
     assert state["groups"] == [
@@ -804,9 +809,9 @@ def test_counts_are_the_true_ones_however_many_rows_are_sent() -> None:
         "children": {"terminated": [], "killed": [], "alive": []},
         "items": [],
     }
-    last = _panel_state.stop_state(report, None)
+    last = _ui_outcomes.stop_state(report, None)
     assert last is not None
-    assert (last["stopped_count"], last["alive_count"], len(last["alive"])) == (700, 300, _panel_state.MAX_OUTCOMES)
+    assert (last["stopped_count"], last["alive_count"], len(last["alive"])) == (700, 300, _ui_outcomes.MAX_OUTCOMES)
 
 
 def test_the_probes_thread_list_catching_up_changes_no_trait_when_the_header_counted_them() -> None:
@@ -830,14 +835,13 @@ def test_the_probes_thread_list_catching_up_changes_no_trait_when_the_header_cou
 
 
 def test_identical_blocked_sentences_are_merged_with_a_count() -> None:
-    from nbcoord.ui import state as _panel_state
 
     rows = [
         {"text": "runner blocked 2.0 s in enqueue of queue `q`", "seconds": 2.0, "since": 98.0},
         {"text": "runner blocked 5.0 s in enqueue of queue `q`", "seconds": 5.0, "since": 95.0},
         {"text": "other waits", "since": 90.0},
     ]
-    merged = _panel_state.blocked_rows(rows)
+    merged = _ui_runs.blocked_rows(rows)
     assert merged == [
         {"text": "runner blocked {duration} in enqueue of queue `q`", "since": 95.0, "count": 2},
         {"text": "other waits", "since": 90.0, "count": 1},
@@ -1090,7 +1094,7 @@ def test_every_field_is_checked_by_type_and_range_before_use() -> None:
         ({"type": ["stop"], "click_id": "v1-1"}, "unknown command type"),
     ]
     for content, why in hostile:
-        with pytest.raises(_panel.Rejected, match=why):
+        with pytest.raises(_panel_commands.Rejected, match=why):
             parse(content, cells=(3, -3, 10**400))
     assert not _panel_commands.is_number(10**400) and _panel_commands.is_number(2**64)
 

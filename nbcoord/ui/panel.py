@@ -50,31 +50,14 @@ from nbcoord.ui import actions as _panel_actions
 from nbcoord.ui.acks import Acknowledger
 from nbcoord.ui.actions import ActionRunner, PanelActions
 from nbcoord.ui.answers import Answers
-from nbcoord.ui.commands import COMMAND_TYPES, ClickLedger, Command, Rejected, StopRunner, parse_command
-from nbcoord.ui.handling import CommandDesk, log_failure
-from nbcoord.ui.history import change_points, panel_history, resource_history
-from nbcoord.ui.memory import memory_close, steady_resources
+from nbcoord.ui.commands import COMMAND_TYPES, ClickLedger, Command, StopRunner
+from nbcoord.ui.handling import CommandDesk
+from nbcoord.ui.history import panel_history, resource_history
+from nbcoord.ui.memory import steady_resources
 from nbcoord.ui.rows import stack_state
-from nbcoord.ui.runs import templated
-from nbcoord.ui.sender import SENDER_THREAD_NAME, Sender, TraitSender
+from nbcoord.ui.sender import Sender, TraitSender
 from nbcoord.ui.state import panel_state
-from nbcoord.ui.widget import NBCoordPanel, esm_path
-
-__all__ = [
-    "COMMAND_TYPES",
-    "SENDER_THREAD_NAME",
-    "Command",
-    "NBCoordPanel",
-    "PanelActions",
-    "PanelController",
-    "Rejected",
-    "_blocked_row",
-    "change_points",
-    "controller_for",
-    "esm_path",
-    "parse_command",
-    "steady_resources",
-]
+from nbcoord.ui.widget import NBCoordPanel
 
 log = logging.getLogger("nbcoord")
 
@@ -88,12 +71,6 @@ HISTORY_EVERY: Final = 5
 #: The share of one core the sender may use: a tick that costs more (1000 threads: about 10 ms) waits longer.
 MAX_DUTY: Final = 0.005
 _MAX_VIEWS: Final = 64
-# Former names, read here by tests (tests/test_panel_kernel.py, tests/test_panel_fuzz.py) and callers of the first
-# panel: a blocked run's row (.runs.templated), the closeness of memory figures (.memory.memory_close), and the
-# rate-limited log of commands that raised (.handling.log_failure).
-_blocked_row = templated
-_memory_close = memory_close
-_log_failure = log_failure
 
 
 class PanelController:

@@ -13,19 +13,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from nbcoord.core.snapshot import Snapshot
-from nbcoord.ui.outcomes import MAX_OUTCOMES, stop_state
-from nbcoord.ui.runs import blocked_rows
 from nbcoord.ui.sections import SHAPED
-from nbcoord.ui.source import MAX_THREAD_ROWS, Shaping
-
-__all__ = [
-    # Read here by tests/test_panel_kernel.py (the state's limits and shaping, from before the split by section).
-    "MAX_OUTCOMES",
-    "MAX_THREAD_ROWS",
-    "blocked_rows",
-    "panel_state",
-    "stop_state",
-]
+from nbcoord.ui.source import Shaping
 
 
 def panel_state(
