@@ -17,6 +17,20 @@ import pytest
 from helpers import Kernel, KernelOptions, start_kernel
 
 KERNEL_FIXTURES = ("kernel", "own_kernel")
+#: The order in which test files start, by their slowest marker: pytest-xdist hands whole files to its workers in
+#: collection order, so the long files (a browser file takes minutes) start first and the short ones fill in around
+#: them, instead of one long file starting last and running alone.
+LONGEST_FIRST = ("browser", "notebooks", "tensorflow", "kernel")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Longest files first (see ``LONGEST_FIRST``); a file's tests stay together and in their order."""
+    rank: dict[str, int] = {}
+    for item in items:
+        marks = {mark.name for mark in item.iter_markers()}
+        own = min((i for i, name in enumerate(LONGEST_FIRST) if name in marks), default=len(LONGEST_FIRST))
+        rank[item.nodeid.split("::")[0]] = min(own, rank.get(item.nodeid.split("::")[0], own))
+    items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -221,7 +221,10 @@ class FleetServer:
         wait_until(connection.exists, timeout=timeout, what=f"the connection file of {kernel_id}")
         client = BlockingKernelClient(connection_file=str(connection))
         client.load_connection_file()
-        client.start_channels()
+        # No heartbeat channel: a client without a KernelManager takes one unanswered heartbeat within 1 s as the
+        # kernel's death, and wait_for_ready then fails on a loaded machine while the kernel is only slow to start.
+        # Ready is its kernel_info reply within ``timeout``; the server, not this client, watches the process.
+        client.start_channels(hb=False)
         client.wait_for_ready(timeout=timeout)
         attached = Attached(kernel_id, client)
         self.attached.append(attached)
