@@ -69,10 +69,12 @@ EXPECTED: dict[str, list[tuple[str, str]]] = {
         (r"Stop all: \d+ thread\(s\) stopped in \d+ ms, 0 still alive", "Stop all while the cell is busy"),
         (r"joined 2 runner threads and closed the session", "the cell's finally block completes"),
     ],
-    "04-coordinator-and-exceptions": [
+    "04-coordinator-pattern": [
         (r"QueueRunnerThread-examples-\S+ \|.*owner: ", "runner threads shown with their owners"),
         (r"examples: \d+ of 8 \(open", "the queue's fill level"),
         (r"coord\.join returned in \d+ ms; threads alive: 0", "the coordinator pattern stops everything"),
+    ],
+    "05-an-exception-in-one-thread": [
         (r"ERROR ValueError: worker-2: corrupt record at step 5", "coord.join re-raises the worker's exception"),
         (r"worker-2 \(started by cell \[\d+\]\) raised ValueError:\nTraceback", "failure kept with its traceback"),
         (r"last failure: shard-loader \(started by cell \[\d+\]\): FileNotFoundError", "plain thread failure kept"),
@@ -80,7 +82,7 @@ EXPECTED: dict[str, list[tuple[str, str]]] = {
         (r"stop requested: True", "request_stop(ValueError(...)) requests the stop"),
         (r"ERROR ValueError: validation loss is NaN", "join re-raises it"),
     ],
-    "05-two-queues-fill-levels": [
+    "06-two-queues-fill-levels": [
         (r"filenames \[#+\.*\] +\d+/32 +examples \[#+\.*\] +\d+/64", "fill levels printed as bars"),
         (r"average fill: filenames (9\d|100)%, examples ([89]\d|100)%", "phase 1: both queues full"),
         (r"average fill: filenames (9\d|100)%, examples ([0-9]|[1-3]\d)%", "phase 2: examples run empty"),
@@ -90,7 +92,7 @@ EXPECTED: dict[str, list[tuple[str, str]]] = {
         (r"filenames: \d+ of 32 \(closed", "the filename queue is closed"),
         (r"examples: \d+ of 64 \(closed", "the example queue is closed"),
     ],
-    "06-leak-hunting": [
+    "07-leak-hunting": [
         (r"QueueRunnerThread-batches_1-\S+ +daemon=False", "threading.enumerate() shows the leaks"),
         (r"QueueRunnerThread-batches-\S+ \|.*owner: ", "%nbcoord names the owners"),
         (r"batches: \d+ of 16", "the forgotten queue's fill level"),
@@ -99,12 +101,12 @@ EXPECTED: dict[str, list[tuple[str, str]]] = {
         (r"nbcoord stop \(all\): 4 stopped, 0 still alive", "the rest stopped"),
         (r"leaked threads left: \[\]", "no leak left"),
     ],
-    "07-stuck-thread": [
+    "08-stuck-thread": [
         (r"stuck workers: \['worker-2'\]", "the stuck worker, and only it, found by its idle time"),
         (r"stopped the group's 5 threads in \d+ ms(.*\n)*?stopped the group's 5 threads", "group stopped twice"),
         (r"stuck workers: none", "after the restart every worker is active"),
     ],
-    "08-restart-frees-the-gpu": [
+    "09-restart-frees-the-gpu": [
         (r"reference: the kernel process ended [\d.]+ s .*exit status 0: it exited by itself", "reference"),
         (r"without nbcoord: the kernel process ended [\d.]+ s .*exit status -15: killed by SIGTERM", "baseline"),
         (r"with nbcoord: the kernel process ended [\d.]+ s .*exit status 0: it exited by itself", "prompt exit"),
@@ -280,12 +282,12 @@ FORBIDDEN: dict[str, list[tuple[str, str]]] = {
         (r"STILL ALIVE", "a thread survived a stop"),
         (r"Exception in QueueRunner|Exception in thread", "a runner failed"),
     ],
-    "04-coordinator-and-exceptions": [
+    "05-an-exception-in-one-thread": [
         (r"TypeError", "TensorFlow's request_stop bug was not worked around"),
         (r"nbcoord has no record", "the coordinator's exception was not kept"),
     ],
-    "05-two-queues-fill-levels": [(r"no queues reported", "no fill levels")],
-    "06-leak-hunting": [(r"STILL ALIVE", "a thread survived a stop")],
+    "06-two-queues-fill-levels": [(r"no queues reported", "no fill levels")],
+    "07-leak-hunting": [(r"STILL ALIVE", "a thread survived a stop")],
     "10-eager-queues": [
         (r"Interrupt did not reach", "Interrupt did not end the call"),
         (r"STILL ALIVE", "a thread survived a stop"),
@@ -417,3 +419,19 @@ def test_committed_notebook_is_clean(path: Path) -> None:
             assert set(cell.metadata) <= {"tags"}, f"cell {index} has metadata from a run: {set(cell.metadata)}"
         else:
             assert "tags" not in cell.metadata, f"cell {index}: only code cells are tagged"
+
+
+def test_notebooks_are_numbered_without_gaps_and_titled_by_what_they_show() -> None:
+    """One situation per notebook: the files are numbered 00, 01, ... without a gap; each title starts with its
+    notebook's number and says what it shows, and no two titles are alike (scenario numbers such as "S8" are not
+    titles: two notebooks were both "S8")."""
+    numbers = [path.stem[:2] for path in NOTEBOOKS]
+    assert numbers == [f"{n:02d}" for n in range(len(NOTEBOOKS))], numbers
+    titles = {}
+    for path in NOTEBOOKS:
+        first = nbformat.read(path, as_version=nbformat.NO_CONVERT).cells[0].source.splitlines()[0]
+        match = re.fullmatch(r"# (\d\d) · (.{10,})", first)
+        assert match and match.group(1) == path.stem[:2], f"{path.name}: title {first!r}"
+        assert not re.search(r"\bS\d+\b", match.group(2)), f"{path.name}: a scenario number as title: {first!r}"
+        titles[path.name] = match.group(2).lower()
+    assert len(set(titles.values())) == len(titles), titles
