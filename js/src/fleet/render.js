@@ -15,6 +15,8 @@ const STATUS_WORDS = {
   "error": "error",
 };
 const ATTENTION_WORDS = { zombies: "zombies", gpu: "GPU held", stuck: "stuck", dead: "dead" };
+/** The scopes of a last stop the server's stop API can repeat, forced (a panel's row stop is the panel's). */
+const FORCEABLE = ["all", "zombies", "cell"];
 
 /** The server's XSRF token, from the cookie it set with the page. */
 function xsrfToken() {
@@ -201,14 +203,15 @@ export function render(root, options = {}) {
       return parts;
     });
     const last = s && s.last_stop;
-    update(c["Last stop"], JSON.stringify(last), () => {
+    const when = last && isNum(last.started_at) ? `${coarseDuration(now - last.started_at)} ago` : "";
+    // The age is part of the key: it moves on with every refresh, as the panel's does.
+    update(c["Last stop"], JSON.stringify([last, when, k.status, pending.has(k.id)]), () => {
       if (!last) return [h("span", "nbf-muted", "–")];
-      const when = isNum(last.started_at) ? `${coarseDuration(now - last.started_at)} ago` : "";
       const text = `${last.scope}${last.cell !== null && last.cell !== undefined ? ` [${last.cell}]` : ""}: ` +
         `${last.stopped} stopped${last.alive ? `, ${last.alive} alive` : ""} ${when}`;
       const node = h("div", last.alive ? "nbf-error" : "", text);
       if (last.alive_names && last.alive_names.length) node.title = `still alive: ${last.alive_names.map((/** @type {unknown} */ n) => safe(n)).join(", ")}`;
-      return [node];
+      return last.alive && FORCEABLE.includes(last.scope) ? [node, forceButton(k, last)] : [node];
     });
     const result = results.get(k.id);
     update(c.Stop, JSON.stringify([k.status, s ? s.zombies : null, pending.has(k.id), result]), () => {
@@ -226,6 +229,24 @@ export function render(root, options = {}) {
       if (result) parts.push(h("div", `nbf-result ${result.error ? "nbf-error" : ""}`, result.text));
       return parts;
     });
+  }
+
+  /**
+   * The way out for threads that ignored the last stop: the same stop again, forced (ThreadStopped is raised in
+   * those still running Python code).
+   * @param {any} k
+   * @param {any} last
+   */
+  function forceButton(k, last) {
+    const button = /** @type {HTMLButtonElement} */ (h("button", "danger", pending.has(k.id) ? "Forcing…" : "Force stop"));
+    button.dataset.action = "stop";
+    button.dataset.scope = String(last.scope);
+    button.dataset.force = "true";
+    if (last.scope === "cell") button.dataset.cell = String(last.cell);
+    button.title = safe(`Raise ThreadStopped in the ${plural(last.alive, "thread")} that ignored the stop ` +
+      "(a thread inside a C call ends when the call returns)");
+    button.disabled = k.status !== "ok" || pending.has(k.id);
+    return button;
   }
 
   /**
@@ -275,6 +296,7 @@ export function render(root, options = {}) {
     /** @type {Record<string, unknown>} */
     const body = { scope: button.dataset.scope };
     if (button.dataset.scope === "cell") body.cell = Number(button.dataset.cell);
+    if (button.dataset.force === "true") body.force = true;
     stop(id, body);
   }
 
