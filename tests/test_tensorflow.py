@@ -14,7 +14,6 @@ builds it); the TensorFlow test modules share their kernels' set-up through ``tf
 
 from __future__ import annotations
 
-import json
 import textwrap
 import time
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any
 
 import pytest
 from helpers import CellResult, Kernel, marked_json, wait_until
-from tf_support import collect_interrupted, tf_kernel_params
+from tf_support import collect_interrupted, submit_blocked, tf_kernel_params
 
 pytestmark = [pytest.mark.kernel, pytest.mark.tensorflow]
 
@@ -188,34 +187,6 @@ def test_the_users_graph_stays_the_users_in_counts_and_exports(tf_kernel: Kernel
 
 
 # ------------------------------------------------------------------------------------------------- S1
-def submit_blocked(kernel: Kernel, tmp_path: Path, statement: str) -> tuple[str, list[dict[str, Any]]]:
-    """Start a cell whose ``statement`` blocks in a session run; return its msg_id once the snapshot says so.
-
-    A thread in the kernel waits for the blocked run to appear in the snapshot and writes the rows to a file
-    (the kernel cannot answer requests while the cell runs). The cell prints how long the KeyboardInterrupt
-    took to arrive after the watcher saw SIGINT.
-    """
-    blocked = tmp_path / "blocked.json"
-    cell = kernel.submit(
-        textwrap.dedent(
-            f"""
-            def spy():
-                while not (rows := nbcoord.snapshot()["blocked_runs"]):
-                    time.sleep(0.02)
-                with open({str(blocked)!r}, "w") as f:
-                    json.dump(rows, f)
-            threading.Thread(target=spy, name="spy", daemon=True).start()
-            try:
-                {statement}
-            except KeyboardInterrupt:
-                integration = nbcoord.tensorflow.integration.current()
-                print(f"@@latency {{time.monotonic() - integration.last_sigint_at:.4f}}")
-                raise
-            """
-        )
-    )
-    wait_until(lambda: blocked.exists() and blocked.stat().st_size > 0, 30, what="the blocked run in the snapshot")
-    return cell, json.loads(blocked.read_text())
 
 
 def test_s1_blocked_dequeue_is_explained_and_interrupt_ends_it(tf_kernel: Kernel, tmp_path: Path) -> None:
@@ -241,10 +212,10 @@ def test_s1_blocked_dequeue_is_explained_and_interrupt_ends_it(tf_kernel: Kernel
     assert result.status == "error"
     assert result.errors[0]["ename"] == "KeyboardInterrupt"
     assert "queue `input`" in result.errors[0]["evalue"]
-    # Part 2: the traceback holds the cell's frames and nbcoord's one, not TensorFlow's (IPython formats every
-    # frame, twice, with its file's source: that was most of the time from Interrupt to the cell's end).
+    # Part 2: the traceback holds the cell's frames only: not TensorFlow's (IPython formats every frame, twice, with
+    # its file's source: that was most of the time from Interrupt to the cell's end), nor nbcoord's wrapper.
     frames = "".join(result.errors[0]["traceback"])
-    assert "tensorflow/python" not in frames and "nbcoord/tensorflow/runs.py" in frames, frames
+    assert "tensorflow/python" not in frames and "nbcoord/" not in frames and "sess.run(deq)" in frames, frames
     print("interrupt to KeyboardInterrupt in the cell:", result.stdout.strip())
     # The session and the queue are still usable.
     after = tf_kernel.evaluate("[float(sess.run(q.enqueue(5.0)) or sess.run(deq)), int(sess.run(q.size()))]")
@@ -318,7 +289,7 @@ def test_the_first_interrupts_traceback_is_prepared_right_after_tensorflows_impo
     result = collect_interrupted(kernel, cell)
     assert result.errors and result.errors[0]["ename"] == "KeyboardInterrupt", result.errors
     frames = "".join(result.errors[0]["traceback"])
-    assert "tensorflow/python" not in frames and "nbcoord/tensorflow/runs.py" in frames, frames
+    assert "tensorflow/python" not in frames and "nbcoord/" not in frames and "sess.run(deq)" in frames, frames
 
 
 # ------------------------------------------------------------------------------------------------- S2

@@ -7,14 +7,13 @@ at gen_data_flow_ops.py ... queue_enqueue_v2", at ``%nbcoord stop`` and at shutd
 
 from __future__ import annotations
 
-import json
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
 from helpers import Kernel, marked_json, wait_until
-from tf_support import collect_interrupted, tf_kernel_params
+from tf_support import collect_interrupted, submit_blocked, tf_kernel_params
 
 pytestmark = [pytest.mark.kernel, pytest.mark.tensorflow]
 
@@ -53,23 +52,8 @@ def test_eager_queues_are_registered_like_graph_ones(kernel: Kernel) -> None:
 
 
 def test_interrupt_ends_a_main_thread_blocked_in_an_eager_dequeue(kernel: Kernel, tmp_path: Path) -> None:
-    blocked = tmp_path / "blocked.json"
     kernel.run("starved = tf.queue.FIFOQueue(10, tf.float32, name='starved')")
-    cell = kernel.submit(
-        textwrap.dedent(
-            f"""
-            def spy():
-                while not (rows := nbcoord.snapshot()["blocked_runs"]):
-                    time.sleep(0.02)
-                with open({str(blocked)!r}, "w") as f:
-                    json.dump(rows, f)
-            threading.Thread(target=spy, name="spy", daemon=True).start()
-            starved.dequeue()
-            """
-        )
-    )
-    wait_until(lambda: blocked.exists() and blocked.stat().st_size > 0, 30, what="the blocked call in the snapshot")
-    (row,) = json.loads(blocked.read_text())
+    cell, (row,) = submit_blocked(kernel, tmp_path, "starved.dequeue()")
     assert row["thread"] == "MainThread" and row["queue_name"] == "starved", row
     assert "in dequeue of eager queue `starved` (0 of 10 elements, no live producer)" in row["text"], row
     kernel.interrupt()
@@ -78,7 +62,7 @@ def test_interrupt_ends_a_main_thread_blocked_in_an_eager_dequeue(kernel: Kernel
     sentence = result.errors[0]["evalue"]
     assert "dequeue of eager queue `starved`" in sentence and "is now closed" in sentence, sentence
     frames = "".join(result.errors[0]["traceback"])
-    assert "tensorflow/python" not in frames, "the traceback holds the cell's frames and nbcoord's one"
+    assert "tensorflow/python" not in frames and "nbcoord/" not in frames, "only the cell's frames"
     later = kernel.run("starved.enqueue(1.0)", allow_error=True)
     assert later.errors and later.errors[0]["ename"] == "CancelledError"
     text = "".join(later.errors[0]["traceback"])

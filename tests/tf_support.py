@@ -7,6 +7,7 @@ nbcoord's test diagnostics (for conftest's ``kernel`` and ``own_kernel``), and t
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -70,3 +71,32 @@ def tf_kernel_params(*, setup: str = DIAGNOSTICS, after: str = "", **options: An
         TF_KERNELS, env=KERNEL_ENV, setup=textwrap.dedent(setup), after=textwrap.dedent(after), **options
     )
 
+
+def submit_blocked(kernel: Kernel, tmp_path: Path, statement: str) -> tuple[str, list[dict[str, Any]]]:
+    """Start a cell whose ``statement`` blocks in a session run; return its msg_id once the snapshot says so.
+
+    A thread in the kernel waits for the blocked run to appear in the snapshot and writes the rows to a file
+    (the kernel cannot answer requests while the cell runs). The cell prints how long the KeyboardInterrupt
+    took to arrive after the watcher saw SIGINT.
+    """
+    blocked = tmp_path / "blocked.json"
+    cell = kernel.submit(
+        textwrap.dedent(
+            f"""
+            def spy():
+                while not (rows := nbcoord.snapshot()["blocked_runs"]):
+                    time.sleep(0.02)
+                with open({str(blocked)!r}, "w") as f:
+                    json.dump(rows, f)
+            threading.Thread(target=spy, name="spy", daemon=True).start()
+            try:
+                {statement}
+            except KeyboardInterrupt:
+                integration = nbcoord.tensorflow.integration.current()
+                print(f"@@latency {{time.monotonic() - integration.last_sigint_at:.4f}}")
+                raise
+            """
+        )
+    )
+    wait_until(lambda: blocked.exists() and blocked.stat().st_size > 0, 30, what="the blocked run in the snapshot")
+    return cell, json.loads(blocked.read_text())

@@ -34,6 +34,7 @@ from nbcoord.core.stop import ThreadStopped
 from nbcoord.tensorflow.objects import TFObjects
 from nbcoord.tensorflow.records import EAGER, CloseRecord, QueueInfo
 from nbcoord.tensorflow.runs import frames_to, warm_traceback
+from nbcoord.tensorflow.tracebacks import mark_cancelled
 
 log = logging.getLogger("nbcoord")
 
@@ -223,7 +224,7 @@ class EagerQueues:
         """What a failed queue call raises: KeyboardInterrupt after nbcoord's Interrupt, a stopped-thread error
         after nbcoord's stop, else TensorFlow's error with a sentence added."""
         if call.cancel_token == since:
-            return KeyboardInterrupt(call.cancel_message)
+            return mark_cancelled(KeyboardInterrupt(call.cancel_message))
         errors = (self._errors.get("cancelled"), self._errors.get("out_of_range"))
         is_closed = any(kind is not None and isinstance(exc, kind) for kind in errors)
         if not is_closed:

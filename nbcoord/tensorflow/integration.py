@@ -59,7 +59,7 @@ from nbcoord.core.fork import on_fork_child
 from nbcoord.core.imports import when_imported
 from nbcoord.core.patches import ClassPatches
 from nbcoord.tensorflow import eager as _tf_eager
-from nbcoord.tensorflow import rows
+from nbcoord.tensorflow import rows, tracebacks
 from nbcoord.tensorflow import runs as _tf_runs
 from nbcoord.tensorflow.blocked import BLOCKED_AFTER_S, BlockedRuns
 from nbcoord.tensorflow.closes import CloseOps
@@ -216,6 +216,9 @@ class TensorFlowIntegration:
         self._undo.append(host.stopper.add_stopper("tensorflow", self._stop))
         self._undo.append(host.monitor.add_task("tensorflow", self.tick))
         self._undo.append(on_fork_child(self._forget_in_child))
+        untake = tracebacks.install(host.shell, [_tf_runs.__file__, _tf_eager.__file__])
+        if untake is not None:
+            self._undo.append(untake)
         if self.watcher.install():
             self._undo.append(self.watcher.uninstall)
             self._undo.append(on_fork_child(self.watcher.forget_in_child))

@@ -34,6 +34,7 @@ from types import FrameType, ModuleType
 from typing import Any
 
 from nbcoord.core.internals import current_frames
+from nbcoord.tensorflow.tracebacks import is_cancelled, mark_cancelled
 
 log = logging.getLogger("nbcoord")
 
@@ -41,8 +42,6 @@ log = logging.getLogger("nbcoord")
 LOST_INTERRUPT = "REPLACED BY KeyboardInterrupt"
 #: Threads whose name starts with this are nbcoord's own: their runs (polls, stops) are not shown.
 INTERNAL_PREFIX = "nbcoord-"
-#: Set on the KeyboardInterrupt of a run nbcoord cancelled: the run wrapper raises it with a short traceback.
-CANCELLED_MARK = "_nbcoord_cancelled"
 
 #: What the hook does with a failed run's exception (explain it, turn it into a stopped thread's error): gets the
 #: run state, the exception, the session, the fetch and target lists; returns what to raise.
@@ -164,9 +163,7 @@ class RunTracker:
             except BaseException as exc:
                 state.run = None
                 if state.cancel_token == since:
-                    interrupt = KeyboardInterrupt(state.cancel_message)
-                    setattr(interrupt, CANCELLED_MARK, True)
-                    raise interrupt from None
+                    raise mark_cancelled(KeyboardInterrupt(state.cancel_message)) from None
                 if isinstance(exc, RuntimeError) and LOST_INTERRUPT in str(exc):
                     raise KeyboardInterrupt from exc  # the Interrupt that pybind11 swallowed
                 replacement = tracker.on_failure(state, exc, self, fetch_list, target_list)
@@ -201,7 +198,7 @@ class RunTracker:
             try:
                 result = original(self, fetches, *args, **kwargs)
             except KeyboardInterrupt as exc:
-                if getattr(exc, CANCELLED_MARK, False):
+                if is_cancelled(exc):
                     raise exc.with_traceback(None) from None
                 raise
             except Exception as exc:
