@@ -2,9 +2,10 @@
 module alone with a fake fetch; and the build of both from js/src/.
 
 The module is served through ``page.route`` (Chromium refuses module imports from file://). Timers run on
-Playwright's fake clock, so the view's lease renewal (every 20 s), the idle figures, the acknowledgement deadline
-of a click and the "kernel busy" banners are checked without waiting. No Jupyter here: see test_browser.py for the
-real thing, where each point is checked again in JupyterLab and Notebook 7.
+Playwright's fake clock, stopped at NOW when a test starts, so the view's lease renewal (every 20 s), the idle
+figures, the acknowledgement deadline of a click and the "kernel busy" banners are checked without waiting. No
+Jupyter here: see test_browser.py for the real thing, where each point is checked again in JupyterLab and
+Notebook 7.
 
 js/panel.js and js/fleet.js are built (git-ignored) from js/src/ by js/build.mjs: tools/dev.py builds them before
 the tests, and a test here rebuilds them and compares, so the modules every browser test loads are the sources'.
@@ -97,7 +98,10 @@ window.safe = safe;
 window.harnessReady = true;
 </script></body></html>"""
 
-NOW = 1_800_000_000.0  # kernel seconds in the fixtures below; the fake clock starts there
+NOW = 1_800_000_000.0  # kernel seconds in the fixtures below; the fake clock stands there when a test starts
+#: How long before NOW the fake clock starts, in its unit (Playwright reads a number as milliseconds; the panel
+#: learns the kernel's clock from the state, so only differences matter): more than a page ever takes to load.
+CLOCK_LEAD_MS = 120_000
 
 
 def thread(tid: str, name: str, cell: int | None, **extra: Any) -> dict[str, Any]:
@@ -290,9 +294,13 @@ def page(browser: Any) -> Iterator[Any]:  # noqa: F811
             route.fulfill(status=404, body="")
 
     page.route(f"{ORIGIN}/**", serve)
-    page.clock.install(time=NOW)
+    # The fake clock starts before NOW and, once the page is ready, jumps to NOW and stops there: time moves only
+    # by run_for. A clock left running would add the page's load time to every figure ("idle 30 s" read "idle
+    # 31 s" on a loaded machine).
+    page.clock.install(time=NOW - CLOCK_LEAD_MS)
     page.goto(f"{ORIGIN}/index.html")
     page.wait_for_function("window.harnessReady === true")
+    page.clock.pause_at(NOW)
     yield page
     assert errors == []
     assert dialogs == []
