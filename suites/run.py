@@ -28,6 +28,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -277,6 +278,16 @@ def run_pytest(suite: Suite, folder: Path, with_nbcoord: bool, known: dict[str, 
     return Run(outcomes, seconds, log, problems)
 
 
+def runner_end(code: int) -> str:
+    """How the unittest runner ended in the middle of a test: its own timeout (faulthandler exits with 1 after
+    writing every thread's stack above), a signal, or another exit code."""
+    if code < 0:
+        return f"killed by {signal.Signals(-code).name}: no stacks"
+    if code == 1:
+        return "exit code 1: a hang makes faulthandler write every stack above and exit with it"
+    return f"exit code {code}"
+
+
 def run_unittest(suite: Suite, folder: Path, with_nbcoord: bool, known: dict[str, Any], log: Path) -> Run:
     """The unittest runner, started again past a test that hung (it exits with the stacks; the test is "hung")."""
     report = log.with_suffix(".jsonl")
@@ -318,7 +329,7 @@ def run_unittest(suite: Suite, folder: Path, with_nbcoord: bool, known: dict[str
                 problems.append(f"the runner exited with {exited} between tests")
                 break
             outcomes[running] = "hung"
-            output.write(f"\n[suites] {running} hung: its stacks are above; starting again after it\n")
+            output.write(f"\n[suites] {running} ended the runner ({runner_end(exited)}); starting again after it\n")
             output.flush()
     shutil.rmtree(env["IPYTHONDIR"], ignore_errors=True)
     return Run(outcomes, time.perf_counter() - started, log, problems)
