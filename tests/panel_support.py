@@ -171,8 +171,12 @@ class PanelKernel:
             and msg["content"]["data"].get("method") == "update"
         ]
 
-    def send(self, command: dict[str, Any], comm_id: str | None = None, method: str = "custom") -> None:
-        """Send a command as the panel's module does: ordinary message, plus control when that is the route."""
+    def send(
+        self, command: dict[str, Any], comm_id: str | None = None, method: str = "custom", subshell_id: str = ""
+    ) -> str:
+        """Send a command as the panel's module does: ordinary message, plus control when that is the route; to a
+        subshell (``subshell_id``, as JupyterLab 4.6 sends comm messages by default). Returns the shell message's
+        id."""
         kc = self.kc
         data: dict[str, Any] = {"method": method}
         if method == "custom":
@@ -182,7 +186,27 @@ class PanelKernel:
         content = {"comm_id": comm_id or self.comm_id, "data": data}
         if self.route == "control":
             kc.control_channel.send(kc.session.msg("comm_msg", content))
-        kc.shell_channel.send(kc.session.msg("comm_msg", content))
+        msg = kc.session.msg("comm_msg", content)
+        if subshell_id:
+            msg["header"]["subshell_id"] = subshell_id
+        kc.shell_channel.send(msg)
+        return str(msg["header"]["msg_id"])
+
+    def create_subshell(self, timeout: float = 10.0) -> str:
+        """A new subshell of the kernel (ipykernel 7), as JupyterLab creates one per comm target; returns its id."""
+        kc = self.kc
+        request = kc.session.msg("create_subshell_request", {})
+        kc.control_channel.send(request)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                reply = kc.control_channel.get_msg(timeout=max(deadline - time.monotonic(), 0.01))
+            except queue.Empty:
+                break
+            if reply["parent_header"].get("msg_id") == request["header"]["msg_id"]:
+                assert reply["content"]["status"] == "ok", reply["content"]
+                return str(reply["content"]["subshell_id"])
+        raise AssertionError(f"no create_subshell_reply within {timeout} s")
 
     def send_raw(self, command: object, comm_id: str | None = None) -> None:
         """Send ``command`` as a panel command whatever it holds: NaN and infinities go out as JSON's ``NaN`` and

@@ -420,6 +420,35 @@ def test_a_click_is_acted_on_once_however_many_messages_come_between(pk: PanelKe
 
 
 @pytest.mark.kernel
+@pytest.mark.parametrize("pk", _environments()[:1], indirect=True)  # subshells are ipykernel 7's
+def test_a_click_sent_to_a_subshell_is_acted_on_once_while_a_cell_runs(pk: PanelKernel) -> None:
+    """JupyterLab 4.6 sends comm messages to a subshell per comm target (its default, for a kernel with subshells):
+    the click is taken by the fast route while the cell runs, and its ordinary copy, wherever ipykernel hands it
+    (ipykernel 7.4 sends a comm's messages to the subshell of its last reply, often the main shell), makes no second
+    stop."""
+    subshell = pk.create_subshell()
+    pk.open_view()
+    pk.run("stops_before = controller._stops.stops_run\nsub_workers = workers('via-subshell', 2)")
+    busy = pk.submit("print('busy', flush=True)\ntime.sleep(30)")
+    wait_until(lambda: pk.printed(busy, "busy"), 30, what="the busy cell")
+    click_id = click("subshell")
+    sent = pk.send({"type": "stop", "scope": "all", "click_id": click_id}, subshell_id=subshell)
+
+    def stop_seen() -> bool:
+        last = pk.state().get("last_stop")
+        return bool(last and last.get("click_id") == click_id)
+
+    wait_until(stop_seen, 20, what="the stop's report on iopub")
+    assert busy not in pk.replies, "the stop waited for the cell"
+    pk.interrupt()
+    pk.finish(busy, allow_error=True)
+    wait_until(lambda: sent in pk.idle, 20, what="the ordinary copy to be handled")
+    assert pk.value("controller._stops.stops_run - stops_before") == 1
+    assert pk.value(f"{click_id!r} in controller.duplicates")
+    assert pk.value("[t.is_alive() for t in sub_workers]") == [False, False]
+
+
+@pytest.mark.kernel
 def test_clicks_joined_on_the_fast_route_are_acknowledged_answered_by_one_stop_and_never_run_again(
     pk: PanelKernel,
 ) -> None:
