@@ -27,6 +27,13 @@ from jupyter_client.manager import KernelManager
 T = TypeVar("T")
 
 
+def ipc_transport(folder: Path) -> dict[str, str]:
+    """A test kernel's transport: Unix sockets in ``folder``, not TCP ports. jupyter_client picks a free TCP port by
+    binding and releasing it, and the kernel binds it a moment later: with tests in several processes starting
+    kernels at once, another kernel took the port in between ("Address already in use", the kernel died)."""
+    return {"transport": "ipc", "ip": str(folder / "kernel")}
+
+
 def wait_until(condition: Callable[[], T], timeout: float = 10.0, interval: float = 0.01, what: str = "") -> T:
     """Poll ``condition`` until it returns something truthy; fail with ``what`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
@@ -89,7 +96,9 @@ class Kernel:
         spec = {"argv": argv, "display_name": "nbcoord test", "language": "python"}
         (spec_dir / "kernel.json").write_text(json.dumps(spec), encoding="utf-8")
         self.km = KernelManager(
-            kernel_name="nbcoord-test", kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(spec_dir.parent)])
+            kernel_name="nbcoord-test",
+            kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(spec_dir.parent)]),
+            **ipc_transport(Path(self._tmp.name)),
         )
         if self.log_path is not None:
             with self.log_path.open("wb") as log_file:  # the kernel keeps its own descriptor of it

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from helpers import ipc_transport
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
@@ -329,9 +330,10 @@ def notebook_params() -> Iterator[object]:
         yield pytest.param(path, marks=marks, id=path.stem)
 
 
-def kernel_manager() -> KernelManager:
-    """A python3 kernel on this interpreter, whatever kernelspecs the machine has (as tests/helpers.Kernel does)."""
-    km = KernelManager(kernel_name="python3")
+def kernel_manager(folder: Path) -> KernelManager:
+    """A python3 kernel on this interpreter, whatever kernelspecs the machine has, on Unix sockets in ``folder``
+    (as tests/helpers.Kernel does)."""
+    km = KernelManager(kernel_name="python3", **ipc_transport(folder))
     km.kernel_cmd = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
     return km
 
@@ -342,7 +344,7 @@ def execute(path: Path, tmp_path: Path) -> NotebookNode:
     env = dict(os.environ, IPYTHONDIR=str(tmp_path / "ipython"), PYTHONUNBUFFERED="1")
     client = NotebookClient(
         nb,
-        km=kernel_manager(),
+        km=kernel_manager(tmp_path),
         timeout=CELL_TIMEOUT_S,
         startup_timeout=60,
         allow_errors=False,  # nbclient still lets cells tagged raises-exception fail
