@@ -429,7 +429,10 @@ def test_a_click_sent_to_a_subshell_is_acted_on_once_while_a_cell_runs(pk: Panel
     subshell = pk.create_subshell()
     pk.open_view()
     pk.run("stops_before = controller._stops.stops_run\nsub_workers = workers('via-subshell', 2)")
-    busy = pk.submit("print('busy', flush=True)\ntime.sleep(30)")
+    # The cell waits for the workers, which only the click's stop ends: the stop acts while the cell runs, and the
+    # cell then ends without an error (after an error ipykernel drops the requests queued behind the cell, and the
+    # ordinary copy may be one of them).
+    busy = pk.submit("print('busy', flush=True)\nfor t in sub_workers:\n    t.join()")
     wait_until(lambda: pk.printed(busy, "busy"), 30, what="the busy cell")
     click_id = click("subshell")
     sent = pk.send({"type": "stop", "scope": "all", "click_id": click_id}, subshell_id=subshell)
@@ -439,9 +442,7 @@ def test_a_click_sent_to_a_subshell_is_acted_on_once_while_a_cell_runs(pk: Panel
         return bool(last and last.get("click_id") == click_id)
 
     wait_until(stop_seen, 20, what="the stop's report on iopub")
-    assert busy not in pk.replies, "the stop waited for the cell"
-    pk.interrupt()
-    pk.finish(busy, allow_error=True)
+    pk.finish(busy)
     wait_until(lambda: sent in pk.idle, 20, what="the ordinary copy to be handled")
     assert pk.value("controller._stops.stops_run - stops_before") == 1
     assert pk.value(f"{click_id!r} in controller.duplicates")
