@@ -266,10 +266,11 @@ def check(*cmd: str | Path, env: dict[str, str] | None = None) -> bool:
     return subprocess.run([str(c) for c in cmd], check=False, cwd=ROOT, env=env).returncode == 0
 
 
-#: pytest-xdist's workers: three, each taking whole test files (a module's shared kernel stays one kernel). The tests
-#: mostly wait (kernels, servers, browsers): one process kept 0.6 of this machine's 2 cores busy; three take the
-#: pytest phase from about 12 minutes to about 6.
-WORKERS = ["--numprocesses=3", "--dist=loadfile"]
+#: pytest-xdist's workers: two, each taking whole test files (a module's shared kernel stays one kernel). The tests
+#: mostly wait (kernels, servers, browsers): one process kept 0.6 of this machine's 2 cores busy. Three took the
+#: pytest phase from about 12 minutes to 6, but loaded the 2 cores enough that tests bounded by a kernel's own
+#: timeouts (jupyter_client kills a kernel 5 s after a shutdown request) failed now and then: two do not.
+WORKERS = ["--numprocesses=2", "--dist=loadfile"]
 
 
 def workers(extra: list[str]) -> list[str]:
