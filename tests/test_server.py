@@ -439,7 +439,9 @@ def test_the_page_lists_the_kernels_renders_names_as_text_and_stops_zombies(flee
         wait_until(lambda: rows.count() >= len(fleet.ids), timeout=20, what="a row per kernel")
         zombie_row = page.locator(f"tr[data-kernel-id='{fleet.ids['zombie']}']")
         assert rows.first.get_attribute("data-kernel-id") == fleet.ids["zombie"], "what needs attention first"
-        assert zombie_row.locator(".nbf-chip.zombies").first.is_visible()
+        # The page draws what its refreshes read: wait for the row's chips rather than read them once.
+        zombie_row.locator(".nbf-chip.zombies").first.wait_for(timeout=20000)
+        zombie_row.locator(".nbf-chip.gpu").first.wait_for(timeout=20000)
         assert zombie_row.locator(".nbf-chip.gpu").first.text_content() == "GPU held"
 
         # The hostile notebook name is text: no element made of it, no script run.
