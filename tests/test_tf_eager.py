@@ -8,12 +8,11 @@ at gen_data_flow_ops.py ... queue_enqueue_v2", at ``%nbcoord stop`` and at shutd
 from __future__ import annotations
 
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 from helpers import Kernel, marked_json, wait_until
-from tf_support import collect_interrupted, submit_blocked, tf_kernel_params
+from tf_support import collect_interrupted, shutdown_exit_status, submit_blocked, tf_kernel_params
 
 pytestmark = [pytest.mark.kernel, pytest.mark.tensorflow]
 
@@ -127,10 +126,4 @@ BLOCKED_ON_A_FULL_QUEUE = tf_kernel_params(
 
 @pytest.mark.parametrize("own_kernel", BLOCKED_ON_A_FULL_QUEUE, indirect=True)
 def test_shutdown_with_a_thread_blocked_on_a_full_eager_queue_exits_cleanly(own_kernel: Kernel) -> None:
-    k = own_kernel
-    wait_until(lambda: k.evaluate("int(q.size())") == 2, 20, what="the queue to fill")
-    started = time.monotonic()
-    k.request_shutdown()
-    status = k.wait_exit(timeout=2.5)
-    print(f"kernel exited with {status} in {time.monotonic() - started:.2f} s")
-    assert status == 0
+    assert shutdown_exit_status(own_kernel, "int(q.size())", 2) == 0

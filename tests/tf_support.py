@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -100,3 +101,14 @@ def submit_blocked(kernel: Kernel, tmp_path: Path, statement: str) -> tuple[str,
     )
     wait_until(lambda: blocked.exists() and blocked.stat().st_size > 0, 30, what="the blocked run in the snapshot")
     return cell, json.loads(blocked.read_text())
+
+
+def shutdown_exit_status(kernel: Kernel, filled: str, size: int) -> int | None:
+    """Once ``filled`` (an expression) reads ``size``, ask the kernel to shut down and return its exit status, or
+    None when it is still running 2.5 s later: when a front end sends SIGTERM after its shutdown request."""
+    wait_until(lambda: kernel.evaluate(filled) == size, 20, what="the queue to fill")
+    started = time.monotonic()
+    kernel.request_shutdown()
+    status = kernel.wait_exit(timeout=2.5)
+    print(f"kernel exited with {status} in {time.monotonic() - started:.2f} s")
+    return status
