@@ -141,6 +141,43 @@ def test_a_poll_that_read_the_queue_before_the_stop_closed_it_keeps_who_closed_i
     kernel.run("sess.close()")
 
 
+def test_a_poll_stored_while_the_stops_close_runs_neither_wipes_the_stop_nor_makes_it_a_users_close_op(
+    kernel: Kernel,
+) -> None:
+    """The other order of the same race, the one behind the random failure of the test above's module on TF 2.15
+    (2 full runs in 3, before b306086): the monitor's stale "open" reading is stored after the stop noted its close
+    but before the close ran. Without the in-flight rule it wiped the stop's note; the stop's own ``session.run`` of
+    the close, on the main thread, was then taken for a user's close op: "closed just now by a close op run in cell
+    [N]", N being the stop's cell. Forced here: the reading is stored right after the stop notes its close."""
+    kernel.run(
+        textwrap.dedent("""
+        between = tf.compat.v1.FIFOQueue(5, tf.float32, name="between")
+        qr = tf.compat.v1.train.QueueRunner(between, [between.enqueue(1.0)])
+        sess = tf.compat.v1.Session()
+        threads = qr.create_threads(sess, start=True)
+        stopping = nbcoord.tensorflow.integration.current().stopping
+        real_record = stopping._record
+        def record_then_stale_read(session, queues, record):
+            queues = list(queues)
+            states = real_record(session, queues, record)
+            sid = stopping.objects.session_info(session).sid
+            for queue in queues:  # a poll that read the queue open a second ago stores its reading now
+                with stopping.objects.lock:
+                    queue.state(sid).observe_closed(False, time.monotonic() - 1.0)
+            return states
+        stopping._record = record_then_stale_read
+        """),
+    )
+    stop_cell = next_cell(kernel)
+    kernel.run("try:\n    nbcoord.stop_all(grace=2.0)\nfinally:\n    del stopping._record")
+    result = kernel.run("for _ in range(6):\n    sess.run(between.dequeue())", allow_error=True)
+    sentence = note(result)
+    assert f"queue `between` was closed just now by nbcoord's stop (the stop of all, run in cell [{stop_cell}])" in (
+        sentence
+    ), sentence
+    kernel.run("sess.close()")
+
+
 def test_a_runners_close_on_stop_runs_its_cancel_op_through_the_close_prepared_for_it(kernel: Kernel) -> None:
     """A QueueRunner's close-on-stop thread runs its cancel op when its coordinator stops: the first run of that
     op builds an executor (most of plain TensorFlow's stop of 10 runners). nbcoord runs the same op through the
