@@ -22,12 +22,19 @@ Two more kinds of row (issue 10), each against its baseline in the same run:
   TensorFlow ``FileWriter`` open (its daemon ``EventLoggerThread``), with and without nbcoord: the time from the
   end of its code to the process's exit, at most 0.3 s added.
 
+And SIGTERM sent to one of an idle kernel's other threads (its IOPub thread; ``tgkill``, Linux), as a container
+runtime or a process manager may deliver it: the time to the kernel's end with nbcoord (its shutdown stop runs
+first, then the kernel ends by the signal) against the same kernel without it (the default action, at once): at
+most 0.3 s added. The tests check that the kernel ends by the signal; this row, how soon.
+
 Each figure is also printed as a ``RESULT`` line (bench/_results.py) for bench/run_all.py.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import ctypes
 import os
 import signal
 import statistics
@@ -160,6 +167,42 @@ def measure(leak: str, with_nbcoord: bool, *, configured: bool = False) -> Shutd
             km.cleanup_resources()
 
 
+def tgkill(pid: int, tid: int, signum: int) -> None:
+    """Send ``signum`` to thread ``tid`` of process ``pid`` only (``os.kill`` lets the kernel pick the thread)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.tgkill(pid, tid, signum) != 0:
+        raise OSError(ctypes.get_errno(), f"tgkill({pid}, {tid}, {signum}) failed")
+
+
+def sigterm_to_iopub(with_nbcoord: bool) -> float:
+    """Seconds from SIGTERM to an idle kernel's IOPub thread to the kernel's end (by the signal)."""
+    with tempfile.TemporaryDirectory(prefix="nbcoord-bench-") as workdir:
+        km, kc = start_kernel(workdir)
+        try:
+            if with_nbcoord:
+                run_cell(kc, "%load_ext nbcoord")
+            reply = kc.execute_interactive(
+                "",
+                user_expressions={"ids": "{t.name: t.native_id for t in __import__('threading').enumerate()}"},
+                timeout=60,
+                output_hook=lambda _msg: None,
+            )
+            ids = ast.literal_eval(reply["content"]["user_expressions"]["ids"]["data"]["text/plain"])
+            process = km.provisioner.process  # type: ignore[union-attr]
+            kc.stop_channels()
+            began = time.monotonic()
+            tgkill(process.pid, ids["IOPub"], signal.SIGTERM)
+            process.wait(30)
+            took = time.monotonic() - began
+            if process.returncode != -signal.SIGTERM:
+                raise RuntimeError(f"SIGTERM to IOPub: exit status {process.returncode}")
+            return took
+        finally:
+            if km.has_kernel:
+                km.shutdown_kernel(now=True)
+            km.cleanup_resources()
+
+
 def process_exit(leak: str, with_nbcoord: bool) -> float:
     """Seconds from the end of a plain process's code to its exit (an IPython shell, no kernel)."""
     script = EXIT_SCRIPT.format(load=with_nbcoord, leak=DAEMON_LEAKS[leak])
@@ -207,6 +250,23 @@ def extra_rows(repeat: int) -> list[dict[str, Any]]:
             "note": f"added {added:+.3f} s",
         }
     )
+    if sys.platform.startswith("linux"):
+        ours = statistics.median(sigterm_to_iopub(True) for _ in range(repeat + 1))
+        base = statistics.median(sigterm_to_iopub(False) for _ in range(repeat + 1))
+        added = ours - base
+        print(f"SIGTERM to the IOPub thread, idle kernel: {ours:.3f} s vs {base:.3f} s without (added {added:+.3f} s)")
+        figures.append(
+            {
+                "name": "kernel end after SIGTERM to its IOPub thread, idle",
+                "value": ours,
+                "baseline": base,
+                "unit": "s",
+                "target": f"<= +{DAEMON_ADDED_S} s, ends by the signal",
+                "met": added <= DAEMON_ADDED_S,
+                "vs": "the same kernel without nbcoord",
+                "note": f"added {added:+.3f} s",
+            }
+        )
     for leak in DAEMON_LEAKS:
         if "TensorFlow" in leak and not has_tensorflow():
             print(f"{leak}: skipped, TensorFlow is not installed")

@@ -52,8 +52,11 @@ threading.Thread(target=work, args=(RECORDS,), name="leak-writer").start()
 """,
 }
 
-#: Generous upper bounds for a loaded CI machine: the budget is 1.5 s, and jupyter_client would SIGTERM at 2.5 s.
-PROMPT_EXIT_S = 2.4
+#: Seconds to wait for the exit. Without nbcoord a kernel with a leaked non-daemon thread never exits by itself (the
+#: interpreter joins the thread), so the deadline tells an exit from a hang and nothing more: how fast the exit
+#: comes (the 1.5 s budget) is a row of bench/bench_shutdown.py, measured against a baseline in the same run, since
+#: a wall-clock bound here failed on a loaded machine (3.9 s once, with the exit itself correct).
+EXIT_DEADLINE_S = 30
 
 
 def end_kernel(kernel: Kernel, route: str) -> None:
@@ -92,12 +95,11 @@ def test_kernel_ends_cleanly_with_leaked_thread(own_kernel: Kernel, tmp_path: Pa
         wait_until(lambda: records.exists() and records.stat().st_size > 1000, what="the writer to write")
     started = time.monotonic()
     end_kernel(kernel, route)
-    status = kernel.wait_exit(timeout=10)
-    took = time.monotonic() - started
-    assert status is not None, f"kernel did not exit within 10 s after {route}"
+    status = kernel.wait_exit(timeout=EXIT_DEADLINE_S)
+    print(f"the kernel exited {time.monotonic() - started:.2f} s after {route}")
+    assert status is not None, f"kernel did not exit within {EXIT_DEADLINE_S} s after {route}"
     expected = -signal.SIGTERM if route == "sigterm" else 0
     assert status == expected, f"exit status {status} after {route}"
-    assert took < PROMPT_EXIT_S, f"kernel took {took:.2f} s to exit after {route}"
     if leak == "writer":
         lines = records.read_text().splitlines()
         assert lines, "the writer wrote nothing"
@@ -126,8 +128,9 @@ threading.Thread(target=work, name="daemon-sleep-loop", daemon=True).start()
                          ids=[p.id for p in KERNEL_PYTHONS])
 def test_daemon_threads_do_not_hold_the_exit(own_kernel: Kernel, route: str, leak: str, tmp_path: Path) -> None:
     # The interpreter never waits for daemon threads; nbcoord asks them to stop and waits only briefly. With a
-    # 5 s budget, a stop that waited for them the whole budget would show.
-    own_kernel.run("%nbcoord config shutdown_budget=5")
+    # 60 s budget, a stop that waited for them the whole budget would run past the 30 s deadline below, however
+    # loaded the machine (a 5 s budget and a 3 s bound failed under load with a correct exit).
+    own_kernel.run("%nbcoord config shutdown_budget=60")
     # Should the kernel hang (once in about 30 full runs, not understood yet), the failure shows its stacks.
     stacks = tmp_path / "stacks.txt"
     own_kernel.run(
@@ -137,11 +140,13 @@ def test_daemon_threads_do_not_hold_the_exit(own_kernel: Kernel, route: str, lea
     own_kernel.run(DAEMON_LEAKS[leak])
     started = time.monotonic()
     end_kernel(own_kernel, route)
-    status = own_kernel.wait_exit(timeout=15)
-    took = time.monotonic() - started
+    status = own_kernel.wait_exit(timeout=EXIT_DEADLINE_S)
+    print(f"the kernel exited {time.monotonic() - started:.2f} s after {route}")
     if status is None:
         own_kernel.process.send_signal(signal.SIGUSR1)
         wait_until(lambda: "Current thread" in stacks.read_text() or None, 10, 0.05, "the hung kernel's stacks")
-        raise AssertionError(f"the kernel did not exit within 15 s after {route}; its threads:\n{stacks.read_text()}")
+        raise AssertionError(
+            f"the kernel did not exit within {EXIT_DEADLINE_S} s after {route} (its shutdown budget is 60 s: the stop "
+            f"waited for a daemon thread); its threads:\n{stacks.read_text()}"
+        )
     assert status == 0, f"exit status {status} after {route}"
-    assert took < 3.0, f"the exit waited {took:.2f} s for a daemon thread"

@@ -40,9 +40,10 @@ pytestmark = [
 
 PYTHONS = [pytest.param(sys.executable, id="ipykernel7"), IK6]
 
-#: Without nbcoord the kernel dies in about 0.01 s; with it, the shutdown stop runs first (nothing to stop here).
-#: Generous for a loaded CI machine, well under the 15 s the kernel stayed alive before the fix.
-PROMPT_EXIT_S = 2.4
+#: Seconds to wait for the kernel to end. Before the fix it never did: the handler waited for the main thread, which
+#: sat in a poll until something else woke it. The deadline tells an end from a hang; how soon it comes is a row of
+#: bench/bench_shutdown.py against the same kernel without nbcoord (a 2.4 s bound here failed on a loaded machine).
+END_DEADLINE_S = 30
 
 #: The syscall number of tgkill, for a libc that does not export tgkill() itself (glibc before 2.30).
 _SYS_TGKILL = {"x86_64": 234, "aarch64": 131, "riscv64": 131, "i686": 270, "armv7l": 268, "ppc64le": 250}
@@ -74,12 +75,13 @@ def wakeup_fd(kernel: Kernel) -> int:
     return value
 
 
-def sigterm_thread_and_wait(kernel: Kernel, tid: int) -> tuple[int | None, float]:
-    """SIGTERM to the kernel's thread ``tid`` (native id) only; the exit status (None: still alive) and how long."""
+def sigterm_thread_and_wait(kernel: Kernel, tid: int) -> int | None:
+    """SIGTERM to the kernel's thread ``tid`` (native id) only; the exit status (None: still alive at the deadline)."""
     started = time.monotonic()
     tgkill(kernel.pid, tid, signal.SIGTERM)
-    status = kernel.wait_exit(timeout=15)
-    return status, time.monotonic() - started
+    status = kernel.wait_exit(timeout=END_DEADLINE_S)
+    print(f"the kernel ended {time.monotonic() - started:.2f} s after SIGTERM to thread {tid}")
+    return status
 
 
 def mark_the_stop(kernel: Kernel, directory: Path) -> Path:
@@ -93,10 +95,9 @@ def mark_the_stop(kernel: Kernel, directory: Path) -> Path:
 @pytest.mark.parametrize("thread", ["IOPub", "Heartbeat", "Control"])
 def test_sigterm_to_another_thread_ends_an_idle_kernel(own_kernel: Kernel, thread: str, tmp_path: Path) -> None:
     stopped = mark_the_stop(own_kernel, tmp_path)
-    status, took = sigterm_thread_and_wait(own_kernel, native_ids(own_kernel)[thread])
-    assert status is not None, f"the kernel is alive 15 s after SIGTERM to its {thread} thread"
+    status = sigterm_thread_and_wait(own_kernel, native_ids(own_kernel)[thread])
+    assert status is not None, f"the kernel is alive {END_DEADLINE_S} s after SIGTERM to its {thread} thread"
     assert status == -signal.SIGTERM, f"exit status {status}: the kernel must end by the signal, as without nbcoord"
-    assert took < PROMPT_EXIT_S, f"the kernel took {took:.2f} s to end after SIGTERM to its {thread} thread"
     assert stopped.exists(), "the kernel ended without nbcoord's shutdown stop"
 
 
@@ -106,12 +107,11 @@ def test_sigterm_to_another_thread_ends_a_kernel_whose_cell_sleeps(own_kernel: K
     stopped = mark_the_stop(kernel, tmp_path)
     iopub = native_ids(kernel)["IOPub"]  # before the cell: the kernel answers nothing while it sleeps
     sleeping = tmp_path / "sleeping"
-    kernel.submit(f"import time; open({str(sleeping)!r}, 'w').close(); time.sleep(30)")
+    kernel.submit(f"import time; open({str(sleeping)!r}, 'w').close(); time.sleep({END_DEADLINE_S * 2})")
     wait_until(sleeping.exists, timeout=30, what="the cell to start sleeping")
-    status, took = sigterm_thread_and_wait(kernel, iopub)
-    assert status is not None, "the kernel is alive 15 s after SIGTERM to its IOPub thread while a cell sleeps"
+    status = sigterm_thread_and_wait(kernel, iopub)
+    assert status is not None, f"the kernel is alive {END_DEADLINE_S} s after SIGTERM to its IOPub thread (cell asleep)"
     assert status == -signal.SIGTERM, f"exit status {status}"
-    assert took < PROMPT_EXIT_S, f"the kernel took {took:.2f} s to end after SIGTERM to its IOPub thread"
     assert stopped.exists(), "the kernel ended without nbcoord's shutdown stop"
 
 
@@ -144,9 +144,8 @@ def test_unload_and_fork_give_back_the_wakeup_fd(own_kernel: Kernel, tmp_path: P
     kernel.run("%unload_ext nbcoord")
     assert wakeup_fd(kernel) == before, "the wakeup fd after %unload_ext is not the one before %load_ext"
     assert not [name for name in native_ids(kernel) if name.startswith("nbcoord-")], "a thread of nbcoord is left"
-    status, took = sigterm_thread_and_wait(kernel, native_ids(kernel)["IOPub"])
+    status = sigterm_thread_and_wait(kernel, native_ids(kernel)["IOPub"])
     assert status == -signal.SIGTERM, f"exit status {status} after the unload"
-    assert took < PROMPT_EXIT_S
 
 
 # ------------------------------------------------------------------------------------------------ in this process
@@ -192,10 +191,10 @@ def test_sigterm_to_another_thread_wakes_a_sleeping_main_thread(hooks_here: Any)
     started = time.monotonic()
     sender.start()
     with pytest.raises(Terminated):
-        time.sleep(10)
+        time.sleep(60)  # without the wake-up the handler runs when the sleep ends
     took = time.monotonic() - started
     sender.join()
-    assert took < 2.0, f"the main thread ran the handler {took:.2f} s after SIGTERM reached another thread"
+    assert took < 30, f"the main thread ran the handler {took:.2f} s after SIGTERM reached another thread"
     assert routes == ["sigterm"] and received == [signal.SIGTERM], "the stop, then the previous handler, once each"
 
 

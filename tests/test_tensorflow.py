@@ -818,5 +818,5 @@ RUNNERS_ON_A_FULL_QUEUE = tf_kernel_params(
 
 @pytest.mark.parametrize("own_kernel", RUNNERS_ON_A_FULL_QUEUE, indirect=True)
 def test_shutdown_with_live_non_daemon_runner_threads_exits_cleanly(own_kernel: Kernel) -> None:
-    # A front end sends SIGTERM 2.5 s after its shutdown request: the kernel must be gone, cleanly, by then.
+    # The kernel must end by itself, with status 0, not hang on its runner threads until a front end kills it.
     assert shutdown_exit_status(own_kernel, "int(sess.run(q.size()))", 4) == 0

@@ -105,10 +105,14 @@ def submit_blocked(kernel: Kernel, tmp_path: Path, statement: str) -> tuple[str,
 
 def shutdown_exit_status(kernel: Kernel, filled: str, size: int) -> int | None:
     """Once ``filled`` (an expression) reads ``size``, ask the kernel to shut down and return its exit status, or
-    None when it is still running 2.5 s later: when a front end sends SIGTERM after its shutdown request."""
+    None when it is still running 30 s later.
+
+    Without nbcoord such a kernel never exits by itself (the interpreter joins its non-daemon threads forever), so
+    the deadline only tells an exit from a hang; how fast the exit comes is measured against a baseline in
+    bench/bench_shutdown.py, not bounded here by the wall clock of a loaded machine."""
     wait_until(lambda: kernel.evaluate(filled) == size, 20, what="the queue to fill")
     started = time.monotonic()
     kernel.request_shutdown()
-    status = kernel.wait_exit(timeout=2.5)
+    status = kernel.wait_exit(timeout=30)
     print(f"kernel exited with {status} in {time.monotonic() - started:.2f} s")
     return status
