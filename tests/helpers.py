@@ -34,6 +34,22 @@ def ipc_transport(folder: Path) -> dict[str, str]:
     return {"transport": "ipc", "ip": str(folder / "kernel")}
 
 
+def kernel_manager(python: str, folder: Path) -> KernelManager:
+    """A KernelManager whose kernels run on ``python``, on Unix sockets in ``folder``. A kernel spec of its own in
+    ``folder``: jupyter_client 8 ignores ``KernelManager.kernel_cmd``, and a machine's python3 spec would otherwise
+    decide which interpreter (and which ipykernel) runs."""
+    spec_dir = folder / "kernels" / "nbcoord-test"
+    spec_dir.mkdir(parents=True)
+    argv = [python, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    spec = {"argv": argv, "display_name": "nbcoord test", "language": "python"}
+    (spec_dir / "kernel.json").write_text(json.dumps(spec), encoding="utf-8")
+    return KernelManager(
+        kernel_name="nbcoord-test",
+        kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(spec_dir.parent)]),
+        **ipc_transport(folder),
+    )
+
+
 def wait_until(condition: Callable[[], T], timeout: float = 10.0, interval: float = 0.01, what: str = "") -> T:
     """Poll ``condition`` until it returns something truthy; fail with ``what`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
@@ -88,18 +104,7 @@ class Kernel:
             # As a server starts it: ipykernel 7 then forwards file descriptors 1 and 2 to the running cell, which it
             # does not do under pytest (it looks for this variable).
             kernel_env.pop("PYTEST_CURRENT_TEST", None)
-        # A kernel spec of our own: jupyter_client 8 ignores KernelManager.kernel_cmd, and a user's python3
-        # spec would otherwise decide which interpreter (and which ipykernel) runs.
-        spec_dir = Path(self._tmp.name) / "kernels" / "nbcoord-test"
-        spec_dir.mkdir(parents=True)
-        argv = [self.python, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
-        spec = {"argv": argv, "display_name": "nbcoord test", "language": "python"}
-        (spec_dir / "kernel.json").write_text(json.dumps(spec), encoding="utf-8")
-        self.km = KernelManager(
-            kernel_name="nbcoord-test",
-            kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(spec_dir.parent)]),
-            **ipc_transport(Path(self._tmp.name)),
-        )
+        self.km = kernel_manager(self.python, Path(self._tmp.name))
         if self.log_path is not None:
             with self.log_path.open("wb") as log_file:  # the kernel keeps its own descriptor of it
                 self.km.start_kernel(env=kernel_env, cwd=self._tmp.name, stderr=log_file)

@@ -19,8 +19,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from helpers import ipc_transport
-from jupyter_client.manager import KernelManager
+from helpers import kernel_manager
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 from nbformat import NotebookNode
@@ -330,12 +329,16 @@ def notebook_params() -> Iterator[object]:
         yield pytest.param(path, marks=marks, id=path.stem)
 
 
-def kernel_manager(folder: Path) -> KernelManager:
-    """A python3 kernel on this interpreter, whatever kernelspecs the machine has, on Unix sockets in ``folder``
-    (as tests/helpers.Kernel does)."""
-    km = KernelManager(kernel_name="python3", **ipc_transport(folder))
-    km.kernel_cmd = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
-    return km
+def demo_python() -> str:
+    """The interpreter the notebooks run on: the demo's environment, nbcoord with the ``demo`` extra alone as
+    ``tools/dev.py demo`` installs it (``$NBCOORD_DEMO_PYTHON``, which ``tools/dev.py test`` sets, else
+    ``.venv-demo`` when it exists), so that a notebook needing a package only the test extra brings fails here;
+    this interpreter where neither is there."""
+    configured = os.environ.get("NBCOORD_DEMO_PYTHON")
+    if configured:
+        return configured
+    built = ROOT / ".venv-demo" / "bin" / "python"
+    return str(built) if built.exists() else sys.executable
 
 
 def execute(path: Path, tmp_path: Path) -> NotebookNode:
@@ -344,7 +347,7 @@ def execute(path: Path, tmp_path: Path) -> NotebookNode:
     env = dict(os.environ, IPYTHONDIR=str(tmp_path / "ipython"), PYTHONUNBUFFERED="1")
     client = NotebookClient(
         nb,
-        km=kernel_manager(tmp_path),
+        km=kernel_manager(demo_python(), tmp_path),
         timeout=CELL_TIMEOUT_S,
         startup_timeout=60,
         allow_errors=False,  # nbclient still lets cells tagged raises-exception fail

