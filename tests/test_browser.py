@@ -15,7 +15,8 @@ the issue's points, in both front ends (``test_panel_points``), numbered as in t
 7. Small things: a row's stop leaves Stop all alone, hostile and bidi names are inert and escaped, full names on
    hover and on expand, the native-thread count is fresh, the empty message after a stop says what the stop did.
 8. Sparklines say their range and current value (memory here; queues and TensorFlow sessions in the screenshot
-   test, which also checks points 1, 6 and 7 with TensorFlow).
+   test, which also checks points 1, 6 and 7 with TensorFlow, and that the traceback JupyterLab shows for a run
+   the toolbar's Interrupt cancels ends at the user's call: issue 27's point 4).
 
 The JupyterLab screenshot test takes the README's pictures, light and dark: into test-artifacts/, or over
 docs/panel.png and docs/panel-dark.png when ``NBCOORD_UPDATE_SCREENSHOT=1`` (a test run leaves tracked files as
@@ -699,3 +700,16 @@ def test_screenshot_for_the_readme(open_notebook: Any, record_property: Any) -> 
     notebook.run(5)
     notebook.wait_done(5, timeout=30)
     notebook.output(5, "2.5").wait_for(timeout=10_000)
+    # Issue 27, point 4: Interrupt (the toolbar's button) on the same blocked run: the traceback JupyterLab shows
+    # ends at the user's call, without a frame of nbcoord's wrappers or of TensorFlow's.
+    blocked = panel.locator("[data-section=queues] .nbc-sentence", has_text="labels")
+    wait_until(lambda: blocked.count() == 0, 30, 0.1, "the blocked-run sentence to go with the run")
+    notebook.run(4)
+    blocked.first.wait_for(timeout=30_000)  # the run is blocked in sess.run, not before it
+    notebook.page.locator(".jp-NotebookPanel-toolbar [data-command='notebook:interrupt-kernel']").click()
+    notebook.wait_done(4, timeout=30)
+    notebook.cells.nth(4).scroll_into_view_if_needed()
+    traceback = "\n".join(error.all_text_contents())
+    assert "KeyboardInterrupt: nbcoord cancelled the session run" in traceback, traceback
+    assert re.search(r"----> 2 sess\.run\(labels\.dequeue\(\)\)\n\nKeyboardInterrupt", traceback), traceback
+    assert "nbcoord/" not in traceback and "site-packages" not in traceback, traceback
