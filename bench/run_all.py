@@ -49,6 +49,7 @@ PLAN: list[tuple[str, list[str], list[str]]] = [
     ("server", [], ["--quick"]),
     ("output", [], ["--quick"]),
     ("ledger", [], ["--quick"]),
+    ("idle", ["--window", "30", "--loads", "5"], ["--window", "10", "--loads", "2"]),
 ]
 PACKAGES = ("ipykernel", "ipython", "jupyter_client", "psutil", "tensorflow-cpu", "tensorflow")
 

@@ -1,0 +1,218 @@
+"""What nbcoord costs while nothing happens, each figure against the same kernel without nbcoord, in one run.
+
+A diagnostics extension is loaded into every kernel of a server; what it costs while the user does nothing is paid
+by every idle kernel of a JupyterHub. Three fresh kernels, each left alone for ``--window`` seconds after a short
+settling time:
+
+- **without**: the kernel alone (the baseline);
+- **loaded**: ``%load_ext nbcoord``, nothing registered changing;
+- **panel**: loaded, and the panel shown with one view open (the comm message a page sends when the view is
+  drawn), no thread changing.
+
+For each: the process's CPU over the window as a share of one core, summed from every thread's scheduler counter
+(``/proc/<pid>/task/<tid>/schedstat``, nanoseconds: an idle kernel spends well under the 10 ms tick of
+``/proc/<pid>/stat`` per second); its OS threads and the Python threads named ``nbcoord-...``; its RSS.
+
+Then the load: the time from the execute request of ``%load_ext nbcoord`` to its reply in a fresh kernel
+(TensorFlow not imported), median of ``--loads`` kernels, against the same request of an empty cell in the same
+kernels just before: the span the user feels.
+
+Targets (issue 26): idle CPU at most 2x the kernel without nbcoord, 3x with the panel open; nbcoord's own threads
+while idle at most 1 without the panel, 2 with it; the load at most 100 ms; RSS added at most 5 MiB.
+
+Run: ``python bench/bench_idle.py [--window 30] [--loads 5]`` (about 3 minutes). Each figure is also printed as a
+``RESULT`` line (bench/_results.py) for bench/run_all.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+from _kernels import kernel_env, kernel_manager
+from _results import result
+from jupyter_client.blocking.client import BlockingKernelClient
+
+PROC = Path("/proc")
+#: Seconds a kernel is left alone after its set-up before the window starts (the load's own work, the first ticks).
+SETTLE_S = 5.0
+SETUPS = {
+    "without": "",
+    "loaded": "%load_ext nbcoord",
+    "panel": "%load_ext nbcoord\nimport nbcoord\np = nbcoord.panel()\nprint(p.comm.comm_id)",
+}
+CPU_TARGETS = {"loaded": 2.0, "panel": 3.0}
+THREAD_TARGETS = {"loaded": 1, "panel": 2}
+LOAD_TARGET_MS = 100.0
+RSS_TARGET_MIB = 5.0
+NBCOORD_THREADS = (
+    "import json, threading\n"
+    "print(json.dumps(sorted(t.name for t in threading.enumerate() if t.name.startswith('nbcoord'))))"
+)
+
+
+@dataclass
+class Idle:
+    cpu_share: float  # of one core, over the window
+    os_threads: int
+    nbcoord_threads: list[str]
+    rss_mib: float
+
+
+def run(client: BlockingKernelClient, code: str) -> str:
+    """Run ``code``; its printed text (a failure raises)."""
+    out: list[str] = []
+
+    def hook(msg: dict[str, Any]) -> None:
+        if msg["msg_type"] == "stream":
+            out.append(msg["content"]["text"])
+        elif msg["msg_type"] == "error":
+            raise RuntimeError("\n".join(msg["content"]["traceback"]))
+
+    reply = client.execute_interactive(code, timeout=120, output_hook=hook)
+    if reply["content"]["status"] != "ok":
+        raise RuntimeError(f"cell failed: {reply['content']}")
+    return "".join(out)
+
+
+@contextmanager
+def fresh_kernel() -> Iterator[tuple[BlockingKernelClient, int]]:
+    with tempfile.TemporaryDirectory(prefix="nbcoord-bench-") as workdir:
+        manager = kernel_manager(workdir)
+        manager.start_kernel(env=kernel_env(IPYTHONDIR=workdir), cwd=workdir, stderr=subprocess.DEVNULL)
+        client = manager.client()
+        client.start_channels()
+        try:
+            client.wait_for_ready(timeout=60)
+            yield client, int(manager.provisioner.process.pid)  # type: ignore[union-attr]
+        finally:
+            client.stop_channels()
+            manager.shutdown_kernel(now=True)
+            manager.cleanup_resources()
+
+
+def cpu_ns(pid: int) -> int:
+    """Nanoseconds every live thread of ``pid`` has spent on a CPU."""
+    total = 0
+    for task in (PROC / str(pid) / "task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that ended meanwhile
+    return total
+
+
+def open_view(client: BlockingKernelClient, comm_id: str) -> None:
+    """The message a page's panel module sends when it draws a view."""
+    view = f"v{uuid.uuid4().hex[:8]}"
+    command = {"type": "view", "view_id": view, "action": "open", "click_id": f"{view}-0"}
+    content = {"comm_id": comm_id, "data": {"method": "custom", "content": command}}
+    client.shell_channel.send(client.session.msg("comm_msg", content))
+
+
+def measure_idle(mode: str, window: float) -> Idle:
+    with fresh_kernel() as (client, pid):
+        printed = run(client, SETUPS[mode]) if SETUPS[mode] else ""
+        if mode == "panel":
+            open_view(client, printed.strip().splitlines()[-1])
+        names = json.loads(run(client, NBCOORD_THREADS).strip().splitlines()[-1])
+        time.sleep(SETTLE_S)
+        began, before = time.monotonic(), cpu_ns(pid)
+        time.sleep(window)
+        share = (cpu_ns(pid) - before) / 1e9 / (time.monotonic() - began)
+        process = psutil.Process(pid)
+        return Idle(share, process.num_threads(), names, process.memory_info().rss / 2**20)
+
+
+def measure_load() -> tuple[float, float]:
+    """Milliseconds from the request to the reply: an empty cell, then ``%load_ext nbcoord``, in one fresh kernel."""
+    with fresh_kernel() as (client, _pid):
+        run(client, "pass")  # the first cell's own costs (history, the event loop's first turn) go here
+        began = time.perf_counter()
+        run(client, "")
+        empty = (time.perf_counter() - began) * 1000
+        began = time.perf_counter()
+        run(client, "%load_ext nbcoord")
+        return (time.perf_counter() - began) * 1000, empty
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--window", type=float, default=30.0, help="seconds each idle kernel is measured")
+    parser.add_argument("--loads", type=int, default=5, help="fresh kernels for the load's median")
+    args = parser.parse_args()
+    began = time.monotonic()
+    print(f"nbcoord idle costs: python {sys.version.split()[0]}, {psutil.cpu_count()} CPUs, {args.window:g} s windows")
+    idle = {mode: measure_idle(mode, args.window) for mode in SETUPS}
+    base = idle["without"]
+    print(f"{'kernel':<10} {'CPU % of a core':>16} {'OS threads':>11} {'RSS MiB':>8}  nbcoord's threads")
+    for mode, figures in idle.items():
+        print(
+            f"{mode:<10} {figures.cpu_share * 100:>16.3f} {figures.os_threads:>11} {figures.rss_mib:>8.1f}  "
+            f"{', '.join(figures.nbcoord_threads) or '-'}"
+        )
+    for mode in ("loaded", "panel"):
+        figures = idle[mode]
+        ratio = figures.cpu_share / base.cpu_share if base.cpu_share > 0 else float("inf")
+        label = "nbcoord loaded" if mode == "loaded" else "nbcoord loaded, the panel open"
+        result(
+            name=f"idle kernel CPU, {label}",
+            value=figures.cpu_share * 100,
+            baseline=base.cpu_share * 100,
+            unit="% of a core",
+            target=f"<= {CPU_TARGETS[mode]:g} x without",
+            met=ratio <= CPU_TARGETS[mode],
+            vs="the same kernel without nbcoord",
+            note=f"x{ratio:.1f}; OS threads {figures.os_threads} vs {base.os_threads}",
+        )
+        result(
+            name=f"nbcoord's threads while idle, {label}",
+            value=len(figures.nbcoord_threads),
+            baseline=None,
+            unit="threads",
+            target=f"<= {THREAD_TARGETS[mode]}",
+            met=len(figures.nbcoord_threads) <= THREAD_TARGETS[mode],
+            note=", ".join(figures.nbcoord_threads),
+        )
+    added = idle["loaded"].rss_mib - base.rss_mib
+    result(
+        name="RSS added by %load_ext nbcoord, idle",
+        value=idle["loaded"].rss_mib,
+        baseline=base.rss_mib,
+        unit="MiB",
+        target=f"<= +{RSS_TARGET_MIB:g} MiB",
+        met=added <= RSS_TARGET_MIB,
+        vs="the same kernel without nbcoord",
+        note=f"added {added:+.1f} MiB",
+    )
+    loads = [measure_load() for _ in range(args.loads)]
+    load = statistics.median(ours for ours, _ in loads)
+    empty = statistics.median(base for _, base in loads)
+    print(f"%load_ext nbcoord, request to reply: {', '.join(f'{ours:.0f}' for ours, _ in loads)} ms")
+    result(
+        name="%load_ext nbcoord, request to reply, fresh kernel",
+        value=load,
+        baseline=empty,
+        unit="ms",
+        target=f"<= {LOAD_TARGET_MS:g} ms",
+        met=load <= LOAD_TARGET_MS,
+        vs="an empty cell in the same kernel",
+        note=f"median of {args.loads} fresh kernels",
+    )
+    print(f"({time.monotonic() - began:.1f} s)")
+
+
+if __name__ == "__main__":
+    main()
