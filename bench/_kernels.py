@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import os
 import sys
+import textwrap
 from pathlib import Path
+from typing import Any
 
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
@@ -25,6 +27,20 @@ def kernel_manager(workdir: str, python: str = sys.executable) -> KernelManager:
     (spec_dir / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "bench", "language": "python"}))
     specs = KernelSpecManager(kernel_dirs=[str(spec_dir.parent)])
     return KernelManager(kernel_name="nbcoord-bench", kernel_spec_manager=specs)
+
+
+def run_cell(client: Any, code: str, timeout: float = 120) -> str:
+    """Run ``code`` (dedented) and return what it printed; an error in the cell raises with its traceback."""
+    out: list[str] = []
+
+    def hook(msg: dict[str, Any]) -> None:
+        if msg["msg_type"] == "stream":
+            out.append(msg["content"]["text"])
+        elif msg["msg_type"] == "error":
+            raise RuntimeError("\n".join(msg["content"]["traceback"]))
+
+    client.execute_interactive(textwrap.dedent(code), timeout=timeout, output_hook=hook)
+    return "".join(out)
 
 
 def kernel_env(**extra: str) -> dict[str, str]:

@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from _kernels import kernel_env, kernel_manager
+from _kernels import kernel_env, kernel_manager, run_cell
 from _results import result
 from jupyter_client.blocking.client import BlockingKernelClient
 
@@ -99,16 +99,7 @@ class Bench:
         self.serial = 0
 
     def run(self, code: str, timeout: float = 120) -> str:
-        out: list[str] = []
-
-        def hook(msg: dict[str, Any]) -> None:
-            if msg["msg_type"] == "stream":
-                out.append(msg["content"]["text"])
-            elif msg["msg_type"] == "error":
-                raise RuntimeError("\n".join(msg["content"]["traceback"]))
-
-        self.client.execute_interactive(textwrap.dedent(code), timeout=timeout, output_hook=hook)
-        return "".join(out)
+        return run_cell(self.client, code, timeout)
 
     def click(self) -> None:
         self.serial += 1

@@ -38,10 +38,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import psutil
-from _kernels import kernel_env, kernel_manager
+from _kernels import kernel_env, kernel_manager, run_cell
 from _results import result
 from jupyter_client.blocking.client import BlockingKernelClient
 
@@ -69,22 +68,6 @@ class Idle:
     os_threads: int
     nbcoord_threads: list[str]
     rss_mib: float
-
-
-def run(client: BlockingKernelClient, code: str) -> str:
-    """Run ``code``; its printed text (a failure raises)."""
-    out: list[str] = []
-
-    def hook(msg: dict[str, Any]) -> None:
-        if msg["msg_type"] == "stream":
-            out.append(msg["content"]["text"])
-        elif msg["msg_type"] == "error":
-            raise RuntimeError("\n".join(msg["content"]["traceback"]))
-
-    reply = client.execute_interactive(code, timeout=120, output_hook=hook)
-    if reply["content"]["status"] != "ok":
-        raise RuntimeError(f"cell failed: {reply['content']}")
-    return "".join(out)
 
 
 @contextmanager
@@ -124,10 +107,10 @@ def open_view(client: BlockingKernelClient, comm_id: str) -> None:
 
 def measure_idle(mode: str, window: float) -> Idle:
     with fresh_kernel() as (client, pid):
-        printed = run(client, SETUPS[mode]) if SETUPS[mode] else ""
+        printed = run_cell(client, SETUPS[mode]) if SETUPS[mode] else ""
         if mode == "panel":
             open_view(client, printed.strip().splitlines()[-1])
-        names = json.loads(run(client, NBCOORD_THREADS).strip().splitlines()[-1])
+        names = json.loads(run_cell(client, NBCOORD_THREADS).strip().splitlines()[-1])
         time.sleep(SETTLE_S)
         began, before = time.monotonic(), cpu_ns(pid)
         time.sleep(window)
@@ -139,12 +122,12 @@ def measure_idle(mode: str, window: float) -> Idle:
 def measure_load() -> tuple[float, float]:
     """Milliseconds from the request to the reply: an empty cell, then ``%load_ext nbcoord``, in one fresh kernel."""
     with fresh_kernel() as (client, _pid):
-        run(client, "pass")  # the first cell's own costs (history, the event loop's first turn) go here
+        run_cell(client, "pass")  # the first cell's own costs (history, the event loop's first turn) go here
         began = time.perf_counter()
-        run(client, "")
+        run_cell(client, "")
         empty = (time.perf_counter() - began) * 1000
         began = time.perf_counter()
-        run(client, "%load_ext nbcoord")
+        run_cell(client, "%load_ext nbcoord")
         return (time.perf_counter() - began) * 1000, empty
 
 

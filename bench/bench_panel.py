@@ -30,7 +30,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 import uuid
 from collections.abc import Iterator
@@ -41,7 +40,7 @@ from typing import Any
 
 import psutil
 import zmq
-from _kernels import kernel_env, kernel_manager
+from _kernels import kernel_env, kernel_manager, run_cell
 from _results import result
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
@@ -81,16 +80,7 @@ class Kernel:
         self.pid = int(manager.provisioner.process.pid)  # type: ignore[union-attr]
 
     def run(self, code: str, timeout: float = 120) -> str:
-        out: list[str] = []
-
-        def hook(msg: dict[str, Any]) -> None:
-            if msg["msg_type"] == "stream":
-                out.append(msg["content"]["text"])
-            elif msg["msg_type"] == "error":
-                raise RuntimeError("\n".join(msg["content"]["traceback"]))
-
-        self.client.execute_interactive(textwrap.dedent(code), timeout=timeout, output_hook=hook)
-        return "".join(out)
+        return run_cell(self.client, code, timeout)
 
     def value(self, expression: str) -> Any:
         return json.loads(self.run(f"print(json.dumps({expression}))").strip().splitlines()[-1])
