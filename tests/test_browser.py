@@ -726,8 +726,6 @@ def test_screenshot_for_the_readme(open_notebook: Any, record_property: Any) -> 
     assert "nbcoord/" not in traceback and "site-packages" not in traceback, traceback
 
 
-
-
 AGREE = [
     """%load_ext nbcoord
 %nbcoord config panel_interval=0.25
