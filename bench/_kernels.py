@@ -43,6 +43,15 @@ def run_cell(client: Any, code: str, timeout: float = 120) -> str:
     return "".join(out)
 
 
+def thread_cpu_ns(pid: int, tid: int | str) -> int | None:
+    """Nanoseconds thread ``tid`` of ``pid`` has spent on a CPU, from its scheduler counter (None: not readable
+    here, or the thread ended)."""
+    try:
+        return int((Path("/proc") / str(pid) / "task" / str(tid) / "schedstat").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def kernel_env(**extra: str) -> dict[str, str]:
     """The environment for a benchmark kernel: this checkout's nbcoord first on the path."""
     pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))

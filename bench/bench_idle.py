@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
-from _kernels import kernel_env, kernel_manager, run_cell
+from _kernels import kernel_env, kernel_manager, run_cell, thread_cpu_ns
 from _results import result
 from jupyter_client.blocking.client import BlockingKernelClient
 
@@ -88,13 +88,7 @@ def fresh_kernel() -> Iterator[tuple[BlockingKernelClient, int]]:
 
 def cpu_ns(pid: int) -> int:
     """Nanoseconds every live thread of ``pid`` has spent on a CPU."""
-    total = 0
-    for task in (PROC / str(pid) / "task").iterdir():
-        try:
-            total += int((task / "schedstat").read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            continue  # a thread that ended meanwhile
-    return total
+    return sum(thread_cpu_ns(pid, task.name) or 0 for task in (PROC / str(pid) / "task").iterdir())
 
 
 def open_view(client: BlockingKernelClient, comm_id: str) -> None:
@@ -110,13 +104,16 @@ def measure_idle(mode: str, window: float) -> Idle:
         printed = run_cell(client, SETUPS[mode]) if SETUPS[mode] else ""
         if mode == "panel":
             open_view(client, printed.strip().splitlines()[-1])
-        names = json.loads(run_cell(client, NBCOORD_THREADS).strip().splitlines()[-1])
         time.sleep(SETTLE_S)
         began, before = time.monotonic(), cpu_ns(pid)
         time.sleep(window)
         share = (cpu_ns(pid) - before) / 1e9 / (time.monotonic() - began)
         process = psutil.Process(pid)
-        return Idle(share, process.num_threads(), names, process.memory_info().rss / 2**20)
+        threads, rss = process.num_threads(), process.memory_info().rss / 2**20
+        # Read after the window: a thread that starts late (the panel's sender, once the view's message is handled)
+        # is counted, and the cell that reads them is not in the window.
+        names = json.loads(run_cell(client, NBCOORD_THREADS).strip().splitlines()[-1])
+        return Idle(share, threads, names, rss)
 
 
 def measure_load() -> tuple[float, float]:

@@ -40,7 +40,7 @@ from typing import Any
 
 import psutil
 import zmq
-from _kernels import kernel_env, kernel_manager, run_cell
+from _kernels import kernel_env, kernel_manager, run_cell, thread_cpu_ns
 from _results import result
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
@@ -222,7 +222,6 @@ class IopubCounter:
 
 
 #: The scheduler's nanosecond counters; without them (not Linux) the tick-based totals stand alone.
-_PROC = Path("/proc")
 CLOCK_TICK_S = 1 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
 
 CHURN = """
@@ -256,14 +255,6 @@ def _replace():
 _replacer = threading.Thread(target=_replace, name="churn-replacer", daemon=True)
 _replacer.start()
 """
-
-
-def thread_cpu_ns(pid: int, tid: int) -> int | None:
-    """Nanoseconds thread ``tid`` of ``pid`` has spent on a CPU (None: not readable here)."""
-    try:
-        return int((_PROC / str(pid) / "task" / str(tid) / "schedstat").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def process_cpu_s(pid: int) -> float:

@@ -33,8 +33,8 @@ Each figure is also printed as a ``RESULT`` line (bench/_results.py) for bench/r
 from __future__ import annotations
 
 import argparse
-import ast
 import ctypes
+import json
 import os
 import signal
 import statistics
@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from _kernels import REPO, kernel_env, kernel_manager
+from _kernels import REPO, kernel_env, kernel_manager, run_cell
 from _results import result
 from jupyter_client.manager import KernelManager
 
@@ -132,12 +132,6 @@ def start_kernel(workdir: str, configured: bool = False) -> tuple[KernelManager,
     return km, kc
 
 
-def run_cell(kc: Any, code: str) -> None:
-    reply = kc.execute_interactive(code, timeout=60, output_hook=lambda _msg: None)
-    if reply["content"]["status"] != "ok":
-        raise RuntimeError(f"cell failed: {reply['content']}")
-
-
 def measure(leak: str, with_nbcoord: bool, *, configured: bool = False) -> Shutdown:
     with tempfile.TemporaryDirectory(prefix="nbcoord-bench-") as workdir:
         km, kc = start_kernel(workdir, configured=configured and with_nbcoord)
@@ -167,6 +161,10 @@ def measure(leak: str, with_nbcoord: bool, *, configured: bool = False) -> Shutd
             km.cleanup_resources()
 
 
+#: Prints the kernel's Python threads as JSON, name -> native thread id.
+NATIVE_IDS = "import json, threading\nprint(json.dumps({t.name: t.native_id for t in threading.enumerate()}))"
+
+
 def tgkill(pid: int, tid: int, signum: int) -> None:
     """Send ``signum`` to thread ``tid`` of process ``pid`` only (``os.kill`` lets the kernel pick the thread)."""
     libc = ctypes.CDLL(None, use_errno=True)
@@ -181,13 +179,7 @@ def sigterm_to_iopub(with_nbcoord: bool) -> float:
         try:
             if with_nbcoord:
                 run_cell(kc, "%load_ext nbcoord")
-            reply = kc.execute_interactive(
-                "",
-                user_expressions={"ids": "{t.name: t.native_id for t in __import__('threading').enumerate()}"},
-                timeout=60,
-                output_hook=lambda _msg: None,
-            )
-            ids = ast.literal_eval(reply["content"]["user_expressions"]["ids"]["data"]["text/plain"])
+            ids = json.loads(run_cell(kc, NATIVE_IDS).strip().splitlines()[-1])
             process = km.provisioner.process  # type: ignore[union-attr]
             kc.stop_channels()
             began = time.monotonic()

@@ -26,6 +26,11 @@ def note(result: Any) -> str:
     return found[0]
 
 
+def drained_sentence(kernel: Kernel, queue: str) -> str:
+    """Dequeue from ``queue`` (capacity 5, closed) past its end: the nbcoord note under the error that ends it."""
+    return note(kernel.run(f"for _ in range(6):\n    sess.run({queue}.dequeue())", allow_error=True))
+
+
 def next_cell(kernel: Kernel) -> int:
     """The number the next cell will have (the cell that asks is ``len(In) - 1``)."""
     number: int = kernel.evaluate("len(In)")
@@ -85,8 +90,7 @@ def test_a_queue_closed_by_nbcoords_stop_and_by_a_close_op(kernel: Kernel) -> No
     )
     stop_cell = next_cell(kernel)
     kernel.run("nbcoord.stop_all(grace=2.0)")
-    result = kernel.run("for _ in range(6):\n    sess.run(stopped.dequeue())", allow_error=True)
-    sentence = note(result)
+    sentence = drained_sentence(kernel, "stopped")
     assert "queue `stopped` was closed" in sentence, sentence
     assert f"by nbcoord's stop (the stop of all, run in cell [{stop_cell}])" in sentence, sentence
     close_cell = next_cell(kernel)
@@ -133,8 +137,7 @@ def test_a_poll_that_read_the_queue_before_the_stop_closed_it_keeps_who_closed_i
     )
     stop_cell = next_cell(kernel)
     kernel.run("nbcoord.stop_all(grace=2.0)\nrelease.set()\nassert stored.wait(10), 'the stale read is stored'")
-    result = kernel.run("for _ in range(6):\n    sess.run(raced.dequeue())", allow_error=True)
-    sentence = note(result)
+    sentence = drained_sentence(kernel, "raced")
     assert f"queue `raced` was closed just now by nbcoord's stop (the stop of all, run in cell [{stop_cell}])" in (
         sentence
     ), sentence
@@ -170,8 +173,7 @@ def test_a_poll_stored_while_the_stops_close_runs_neither_wipes_the_stop_nor_mak
     )
     stop_cell = next_cell(kernel)
     kernel.run("try:\n    nbcoord.stop_all(grace=2.0)\nfinally:\n    del stopping._record")
-    result = kernel.run("for _ in range(6):\n    sess.run(between.dequeue())", allow_error=True)
-    sentence = note(result)
+    sentence = drained_sentence(kernel, "between")
     assert f"queue `between` was closed just now by nbcoord's stop (the stop of all, run in cell [{stop_cell}])" in (
         sentence
     ), sentence
