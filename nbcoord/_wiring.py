@@ -9,7 +9,7 @@ it needs them, the resource probe or a callable, never this object.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nbcoord.core import checks, fallbacks, fork, log
 from nbcoord.core.cells import CellEvents
@@ -25,11 +25,12 @@ from nbcoord.kernel.shutdown import ShutdownHooks
 from nbcoord.ledger.ledger import watch as watch_ledger
 from nbcoord.resources import memory
 from nbcoord.resources.probes import ResourceProbe
-from nbcoord.resources.reclaim import ReclaimReport, reclaim
 from nbcoord.resources.sampling import ResourceWatch
-from nbcoord.tensorflow.integration import current as current_tensorflow
-from nbcoord.tensorflow.integration import watch as watch_tensorflow
-from nbcoord.tensorflow.memory import watch as watch_tensorflow_memory
+from nbcoord.tensorflow.watch import current as current_tensorflow
+from nbcoord.tensorflow.watch import watch as watch_tensorflow
+
+if TYPE_CHECKING:
+    from nbcoord.resources.reclaim import ReclaimReport
 
 logger = logging.getLogger("nbcoord")
 
@@ -41,16 +42,23 @@ class Extension:
         self.shell = shell
         self.host = Host(shell, NBCoord(parent=shell))
         self.probe = ResourceProbe()
-        self.hooks = ThreadHooks(self.host.registry, ignore_exception=lambda exc: isinstance(exc, ThreadStopped))
+        self.hooks = ThreadHooks(
+            self.host.registry,
+            ignore_exception=lambda exc: isinstance(exc, ThreadStopped),
+            started=self.host.monitor.wake,
+        )
         self.resources = ResourceWatch(self.host, self.probe)
         self.output: output.OutputRouter | None = None
         self.memory: memory.MemoryLedger | None = None
         self.cells = CellEvents(self.host, lambda: self.output is not None and self.output.routing)
-        self.exit = ShutdownStop(self.host, lambda: self.host.monitor.stop(timeout=0.2))
+        # The shutdown pauses the monitor (nothing samples what its stop changes); the monitor still reads the
+        # SIGTERM pipe then.
+        self.exit = ShutdownStop(self.host, lambda: self.host.monitor.pause(timeout=0.2))
         self.shutdown = ShutdownHooks(
             self.exit.stop,
             wait_limit=lambda: self.host.config.shutdown_budget + 0.5,
             at_exit=self.exit.leave_unstoppable,
+            watch_fd=self.host.monitor.add_reader,
         )
         self.host.shutdown_ran = lambda: self.shutdown.ran
         self.installed = False
@@ -91,7 +99,6 @@ class Extension:
         self.shutdown.install(self.shell)
         undo(self.shutdown.uninstall)
         undo(watch_tensorflow(host))
-        undo(watch_tensorflow_memory())
         undo(watch_ledger(host, self.probe))
         # Last: the Jupyter server's requests are answered only once everything else is in place (and unload
         # removes this first).
@@ -103,6 +110,7 @@ class Extension:
         self.installed = False
         self.hooks.forget_in_child()
         self.shutdown.forget_in_child()
+        self.host.monitor.forget_in_child()
 
     def uninstall(self) -> None:
         """Undo everything, newest first; one failing step does not keep the others from running."""
@@ -149,7 +157,10 @@ class Extension:
         return self.host.stop(kind, grace=grace, force=force, cell=cell, tid=tid)
 
     def reclaim(self, *, outputs: bool = False) -> ReclaimReport:
-        """Give back what the kernel keeps by accident (see :mod:`nbcoord.resources.reclaim`)."""
+        """Give back what the kernel keeps by accident (see :mod:`nbcoord.resources.reclaim`; imported on first
+        use, not at load)."""
+        from nbcoord.resources.reclaim import reclaim
+
         return reclaim(self.host, self.probe, outputs=outputs)
 
     def restart_runners(self, session: Any, *, grace: float | None = None) -> dict[str, Any]:

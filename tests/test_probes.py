@@ -561,9 +561,10 @@ TF_SCRIPT = textwrap.dedent(
     import json, os, threading
     import fake_nvml
     from nbcoord.resources.probes import ResourceProbe
-    from nbcoord.tensorflow.memory import watch
+    from nbcoord.core.imports import when_imported
+    from nbcoord.tensorflow.memory import register
 
-    watch()  # TensorFlow's memory hooks, registered once it is imported (as the wiring does)
+    when_imported("tensorflow", lambda module: register())  # registered once it is imported (as the wiring does)
     fake_nvml.reset([fake_nvml.FakeDevice(processes=[fake_nvml.FakeProcess(os.getpid(), 2**30)])])
     import tensorflow as tf
     from tensorflow.python.eager import context

@@ -16,7 +16,8 @@ import pytest
 from nbcoord.core import imports
 from nbcoord.resources import frameworks, nvml, proc
 from nbcoord.resources.reclaim import release_frameworks
-from nbcoord.tensorflow import memory as tensorflow_memory
+from nbcoord.tensorflow import integration as tensorflow_integration
+from nbcoord.tensorflow import watch as tensorflow_watch
 
 
 @pytest.fixture
@@ -136,19 +137,27 @@ def test_a_framework_runs_only_while_imported_in_report_order(monkeypatch: pytes
 def test_tensorflows_part_registers_once_tensorflow_is_imported(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delitem(sys.modules, "tensorflow", raising=False)
     fired: list[Any] = []
+    started: list[Any] = []
 
     def fake_when_imported(name: str, callback: Any) -> Any:
         fired.append((name, callback))
         return lambda: fired.append("hook removed")
 
-    monkeypatch.setattr(tensorflow_memory, "when_imported", fake_when_imported)
-    undo = tensorflow_memory.watch()
-    assert [f for f in frameworks.registered() if f.module == "tensorflow"] == []
+    def fake_start(host: Any, *, scan: bool) -> Any:
+        started.append((host, scan))
+        return lambda: started.append("integration undone")
+
+    monkeypatch.setattr(tensorflow_watch, "when_imported", fake_when_imported)
+    monkeypatch.setattr(tensorflow_integration, "start", fake_start)
+    host = object()
+    undo = tensorflow_watch.watch(host)  # type: ignore[arg-type]
+    assert [f for f in frameworks.registered() if f.module == "tensorflow"] == [] and started == []
     ((name, callback),) = fired
     assert name == "tensorflow"
     callback(types.ModuleType("tensorflow"))  # what the post-import hook does after `import tensorflow`
     assert [f.label for f in frameworks.registered() if f.module == "tensorflow"] == ["TensorFlow"]
+    assert started == [(host, False)], "the integration installed without a scan (nothing predates the import)"
     undo()
-    assert fired[-1] == "hook removed"
+    assert fired[-1] == "hook removed" and started[-1] == "integration undone"
     assert [f for f in frameworks.registered() if f.module == "tensorflow"] == []
     assert imports.when_imported is not fake_when_imported  # only the TensorFlow part's name was replaced

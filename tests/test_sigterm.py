@@ -9,11 +9,13 @@ kernel without nbcoord dies in 0.01 s), and so was one whose cell sleeps.
 
 Each kernel case sends the signal to one thread only, from outside, and waits for the process to end by that
 signal. The last cases run :class:`nbcoord.kernel.shutdown.ShutdownHooks` in this process (its main thread), with a
-previous handler that raises so that nothing ends the test run.
+previous handler that raises so that nothing ends the test run, and a real :class:`nbcoord.core.monitor.Monitor` whose
+thread reads the signal pipe (as in a kernel: nbcoord has no thread of its own for it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -31,6 +33,7 @@ from interpreters import IK6
 
 from nbcoord.core import internals as _internals
 from nbcoord.core.fallbacks import Fallbacks
+from nbcoord.core.monitor import MONITOR_THREAD_NAME, Monitor
 from nbcoord.kernel import shutdown as _shutdown
 
 pytestmark = [
@@ -171,13 +174,25 @@ def hooks_here() -> Iterator[tuple[_shutdown.ShutdownHooks, list[str], list[int]
         raise Terminated
 
     saved = signal.signal(signal.SIGTERM, previous)
-    hooks = _shutdown.ShutdownHooks(routes.append)
+    with running_monitor() as monitor:
+        hooks = _shutdown.ShutdownHooks(routes.append, watch_fd=monitor.add_reader)
+        try:
+            hooks.install(object())
+            yield hooks, routes, received
+        finally:
+            hooks.uninstall()
+            signal.signal(signal.SIGTERM, saved)
+
+
+@contextlib.contextmanager
+def running_monitor() -> Iterator[Monitor]:
+    """A started monitor, stopped at the end (no task: it only serves readers)."""
+    monitor = Monitor(lambda: 1.0)
+    monitor.start()
     try:
-        hooks.install(object())
-        yield hooks, routes, received
+        yield monitor
     finally:
-        hooks.uninstall()
-        signal.signal(signal.SIGTERM, saved)
+        monitor.stop()
 
 
 def test_sigterm_to_another_thread_wakes_a_sleeping_main_thread(hooks_here: Any) -> None:
@@ -200,18 +215,22 @@ def test_sigterm_to_another_thread_wakes_a_sleeping_main_thread(hooks_here: Any)
 
 def test_install_and_uninstall_give_back_the_wakeup_fd() -> None:
     before = wakeup_fd_here()
-    hooks = _shutdown.ShutdownHooks(lambda route: None)
     saved = signal.getsignal(signal.SIGTERM)
-    hooks.install(object())
-    try:
-        pipe = wakeup_fd_here()
-        assert pipe not in (-1, before), "no wakeup fd of nbcoord's"
-        assert any(t.name == _shutdown.WAKER_THREAD_NAME for t in threading.enumerate())
-    finally:
-        hooks.uninstall()
+    threads_before = {t.name for t in threading.enumerate()}
+    with running_monitor() as monitor:
+        hooks = _shutdown.ShutdownHooks(lambda route: None, watch_fd=monitor.add_reader)
+        hooks.install(object())
+        try:
+            pipe = wakeup_fd_here()
+            assert pipe not in (-1, before), "no wakeup fd of nbcoord's"
+            added = {t.name for t in threading.enumerate()} - threads_before
+            assert added == {MONITOR_THREAD_NAME}, f"the waker added a thread of its own: {added}"
+            wait_until(lambda: len(monitor._selecting) == 1, 10, what="the monitor reads the pipe's other end")
+        finally:
+            hooks.uninstall()
+        assert not monitor._selecting, "the monitor still reads the pipe after uninstall"
     assert wakeup_fd_here() == before
     assert signal.getsignal(signal.SIGTERM) == saved
-    assert not any(t.name == _shutdown.WAKER_THREAD_NAME for t in threading.enumerate()), "the waker's thread is left"
     with pytest.raises(OSError):
         os.fstat(pipe)  # the pipe is closed
 
@@ -224,14 +243,13 @@ def test_no_wakeup_fd_falls_back_and_says_so(monkeypatch: pytest.MonkeyPatch) ->
 
     before = wakeup_fd_here()
     saved = signal.getsignal(signal.SIGTERM)
-    hooks = _shutdown.ShutdownHooks(lambda route: None)
+    hooks = _shutdown.ShutdownHooks(lambda route: None, watch_fd=lambda fd, read: lambda: True)
     with monkeypatch.context() as patch:
         patch.setattr(signal, "set_wakeup_fd", refuse)
         hooks.install(object())
     try:
         assert signal.getsignal(signal.SIGTERM) == hooks._on_sigterm, "the handler is installed all the same"
         assert wakeup_fd_here() == before
-        assert not any(t.name == _shutdown.WAKER_THREAD_NAME for t in threading.enumerate())
         (why,) = (text for name, text in _internals.degraded().items() if "SIGTERM" in name)
         assert "main thread next runs Python" in why and "refused for the test" in why
     finally:

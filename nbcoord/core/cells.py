@@ -46,8 +46,12 @@ class CellEvents:
         events = self._host.shell.events
         events.register("pre_run_cell", self.pre_run_cell)
         events.register("post_run_cell", self.post_run_cell)
+        # A running cell is live: the monitor keeps its base interval until the cell ends.
+        registry = self._host.registry
+        remove_task = self._host.monitor.add_task("cells", lambda: registry.current_cell() is not None)
 
         def remove() -> None:
+            remove_task()
             events.unregister("pre_run_cell", self.pre_run_cell)
             events.unregister("post_run_cell", self.post_run_cell)
 

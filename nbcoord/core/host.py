@@ -23,11 +23,12 @@ import psutil
 from nbcoord.core import checks
 from nbcoord.core.callbacks import Callbacks
 from nbcoord.core.config import NBCoord
+from nbcoord.core.monitor import Monitor
 from nbcoord.core.records import CellInfo
 from nbcoord.core.registry import Registry
 from nbcoord.core.snapshot import Snapshot, SnapshotBuilder
 from nbcoord.core.stop import ChildFinder, ScopeKind, StopMechanism, StopReport, StopScope
-from nbcoord.core.threads import Monitor, kernel_thread_classes
+from nbcoord.core.threads import kernel_thread_classes
 
 log = logging.getLogger("nbcoord")
 
@@ -79,7 +80,8 @@ class Host:
         return self._cell_listeners.add(name, listener)
 
     def tell_cell_listeners(self, event: str, cell: CellInfo) -> None:
-        """Run the cell listeners for ``event``."""
+        """Run the cell listeners for ``event`` (and wake the monitor: a cell beginning or ending is an event)."""
+        self.monitor.wake()
         for name, listener in self._cell_listeners.items():
             try:
                 listener(event, cell)

@@ -477,10 +477,11 @@ class Registry:
         return self.failure_log.take_unreported()
 
     # -------------------------------------------------------------------------------------------- activity
-    def sample_activity(self) -> None:
+    def sample_activity(self) -> bool:
         """Note which threads moved since the last sample and which owners closed (see
         :func:`nbcoord.core.activity.note_moves`). Also forgets finished threads, so the registry stays small when
-        no view asks for snapshots."""
+        no view asks for snapshots. Returns whether a thread a cell started is alive (or still being registered):
+        the monitor's reason to keep sampling."""
         where = activity.where_threads_are()
         now = self._clock()
         with self._lock:
@@ -488,6 +489,7 @@ class Registry:
             self._prune()
             if activity.note_moves(self._threads.values(), where, now):
                 self._version += 1  # a thread was renamed: the name table is out of date
+            return bool(self._pending) or any(record.user for record in self._threads.values())
 
     def note_cpu(self, cpu_by_native_id: dict[int, float]) -> None:
         """Record threads' CPU times (by native id); a change counts as activity."""

@@ -1,4 +1,4 @@
-"""Thread-level hooks: a patched ``Thread.start``, a chained ``threading.excepthook``, and the monitor thread.
+"""Thread-level hooks: a patched ``Thread.start`` and a chained ``threading.excepthook``.
 
 Installed by the extension's load and removed exactly by its unload. ``Thread.start`` is patched as a class
 attribute, so ``threading.Thread`` stays the same class and subclasses that call ``super().start()`` are seen.
@@ -15,13 +15,12 @@ from concurrent.futures import ThreadPoolExecutor
 from types import CodeType, FrameType
 from typing import Any
 
-from nbcoord.core.callbacks import Callbacks
 from nbcoord.core.internals import executor_name, executor_shut_down, executor_spawn_code, frame_getter
 from nbcoord.core.records import INTERNAL_PREFIX, Owner
 from nbcoord.core.registry import Registry
 
 __all__ = [
-    "INTERNAL_PREFIX", "Monitor", "ThreadHooks", "executor_owner", "kernel_thread_classes", "owner_from_caller",
+    "INTERNAL_PREFIX", "ThreadHooks", "executor_owner", "kernel_thread_classes", "owner_from_caller",
 ]
 
 log = logging.getLogger("nbcoord")
@@ -79,9 +78,15 @@ def owner_from_caller(frame: FrameType | None) -> Owner | None:
 class ThreadHooks:
     """Owns the ``Thread.start`` patch and the ``threading.excepthook`` chain for one registry."""
 
-    def __init__(self, registry: Registry, ignore_exception: Callable[[BaseException], bool]) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        ignore_exception: Callable[[BaseException], bool],
+        started: Callable[[], None] = lambda: None,
+    ) -> None:
         self._registry = registry
         self._ignore_exception = ignore_exception
+        self._started = started  # told after a thread is registered (the monitor wakes from its quiet)
         self._original_start: Callable[[threading.Thread], None] | None = None
         self._previous_excepthook: Callable[[Any], object] | None = None
         self._patched_start: Callable[[threading.Thread], None] | None = None
@@ -111,6 +116,7 @@ class ThreadHooks:
                     entry = registry.note_started(
                         thread, threading.current_thread(), caller, owner_from_caller(caller) if executor else None
                     )
+                    hooks._started()
                 except Exception:  # registration must never break the user's thread start
                     log.warning("nbcoord: could not register thread %r", thread.name, exc_info=True)
             try:
@@ -163,44 +169,3 @@ class ThreadHooks:
             threading.excepthook = self._previous_excepthook
         else:
             log.warning("nbcoord: threading.excepthook was replaced after nbcoord; nbcoord's part is off")
-
-
-class Monitor:
-    """nbcoord's one background thread: samples activity (and, through tasks, resources) periodically."""
-
-    def __init__(self, interval: Callable[[], float]) -> None:
-        self._interval = interval
-        self._tasks: Callbacks[Callable[[], object]] = Callbacks()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def add_task(self, name: str, task: Callable[[], object]) -> Callable[[], None]:
-        """Run ``task`` on every tick; returns the function that removes it."""
-        return self._tasks.add(name, task)
-
-    def start(self) -> None:
-        """Start the monitor thread (a daemon: it must never hold the kernel open)."""
-        if self._thread is not None:
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name=f"{INTERNAL_PREFIX}monitor", daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout: float = 1.0) -> None:
-        """Stop and join the monitor thread."""
-        self._stop.set()
-        thread, self._thread = self._thread, None
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
-
-    def tick(self) -> None:
-        """Run every task once (the monitor thread calls this; tests may too)."""
-        for name, task in self._tasks.items():
-            try:
-                task()
-            except Exception:
-                log.warning("nbcoord: monitor task %r failed", name, exc_info=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval()):
-            self.tick()

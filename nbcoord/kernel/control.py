@@ -86,6 +86,8 @@ STOP_THREAD_NAME: Final = f"{INTERNAL_PREFIX}control-stop"
 #: Stops from the server that may wait while one runs; one more is refused (the server says so).
 MAX_WAITING_STOPS: Final = 4
 _JOIN_TIMEOUT_S: Final = 2.0
+#: The stop thread ends after this long without a stop (an idle kernel keeps no thread of nbcoord's but the monitor).
+STOP_THREAD_IDLE_S: Final = 30.0
 
 #: Requests that are not valid: the server is authenticated, but a bug or a version skew must not flood the log.
 _log_rejected = RateLimited(logging.WARNING, burst=3, window=60.0)
@@ -133,7 +135,8 @@ class ControlRoute:
         self._loop: Any = kernel.control_thread.io_loop
         self._session: Any = kernel.session
         self._stops: queue.Queue[_Job | None] = queue.Queue(MAX_WAITING_STOPS)
-        self._thread: threading.Thread | None = None  # started by the first stop request
+        self._thread: threading.Thread | None = None  # started by a stop request, ends when idle
+        self._thread_lock = threading.Lock()  # guards _thread against the thread ending as a stop is queued
         #: Read on the control thread without a lock: a plain attribute store is atomic.
         self.active = False
         self._previous: Any = None
@@ -208,15 +211,16 @@ class ControlRoute:
         if stop is None:
             self._send(stream, idents, msg, self._summary_reply())
             return
-        if self._thread is None or not self._thread.is_alive():
-            # Only ever done here, on the control thread: no race.
-            self._thread = threading.Thread(target=self._run_stops, name=STOP_THREAD_NAME, daemon=True)
-            self._thread.start()
-        try:
-            self._stops.put_nowait((stop, stream, idents, msg))
-        except queue.Full:
-            self._send(stream, idents, msg, error_reply(
-                "unavailable", f"{MAX_WAITING_STOPS} stops are already waiting in this kernel; try again shortly"))
+        with self._thread_lock:  # queued, then a thread started if none runs: an idle one ending sees the stop
+            try:
+                self._stops.put_nowait((stop, stream, idents, msg))
+            except queue.Full:
+                self._send(stream, idents, msg, error_reply(
+                    "unavailable", f"{MAX_WAITING_STOPS} stops are already waiting in this kernel; try again shortly"))
+                return
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run_stops, name=STOP_THREAD_NAME, daemon=True)
+                self._thread.start()
 
     def _summary_reply(self) -> dict[str, Any]:
         try:
@@ -236,7 +240,14 @@ class ControlRoute:
     # ------------------------------------------------------------------------------ on the stop thread
     def _run_stops(self) -> None:
         while True:
-            job = self._stops.get()
+            try:
+                job = self._stops.get(timeout=STOP_THREAD_IDLE_S)
+            except queue.Empty:
+                with self._thread_lock:
+                    if self._stops.empty():
+                        self._thread = None
+                        return
+                continue
             if job is None or not self.active:
                 return
             stop, stream, idents, parent = job

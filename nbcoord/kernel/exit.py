@@ -23,9 +23,9 @@ class ShutdownStop:
     """The shutdown routes' action (:class:`nbcoord.kernel.shutdown.ShutdownHooks` calls :meth:`stop`) and the
     interpreter exit's last word (:meth:`leave_unstoppable`)."""
 
-    def __init__(self, host: Host, stop_monitor: Callable[[], None]) -> None:
+    def __init__(self, host: Host, pause_monitor: Callable[[], None]) -> None:
         self._host = host
-        self._stop_monitor = stop_monitor
+        self._pause_monitor = pause_monitor
         #: Non-daemon threads that would not stop at shutdown and that the interpreter could not be told to leave.
         self._unjoinable: list[threading.Thread] = []
 
@@ -34,7 +34,7 @@ class ShutdownStop:
         host = self._host
         started = time.monotonic()
         budget = host.config.shutdown_budget
-        for stop_own in [*host.own_stoppers(), self._stop_monitor]:
+        for stop_own in [*host.own_stoppers(), self._pause_monitor]:
             try:
                 stop_own()
             except Exception:

@@ -424,11 +424,15 @@ class OutputRouter:
             self._original_stderr(text)
 
     # ------------------------------------------------------------------------------------------ sending
-    def flush(self) -> None:
-        """Send every area with text not yet sent (the monitor's task: the end of a burst within a second)."""
+    def flush(self) -> bool:
+        """Send every area with text not yet sent (the monitor's task: the end of a burst within a second).
+        Whether one had some (a burst may go on: the monitor keeps its base interval)."""
+        sent = False
         for area in self._areas_now():
             if area.version != area.sent_version:
                 self._send(area, blocking=True)
+                sent = True
+        return sent
 
     def _areas_now(self) -> list[Area]:
         with self._lock:

@@ -26,7 +26,7 @@ usually reaches the main thread, ``tgkill`` one chosen thread). An idle kernel's
 loop's ``epoll_wait`` (ipykernel 7 and 6: tornado's ``AsyncIOMainLoop`` on asyncio, no wakeup fd set) and a cell's
 ``time.sleep`` waits in the kernel: a signal delivered to another thread wakes neither, and before this the kernel
 stayed alive (without nbcoord the default action kills it at once). So, as :class:`_SigtermWaker` says, the signal
-wakeup fd is a pipe that a thread of nbcoord reads; for SIGTERM it sends the signal on to the main thread, whose
+wakeup fd is a pipe that nbcoord's monitor thread reads; for SIGTERM it sends the signal on to the main thread, whose
 wait then ends (``EINTR``) and which runs the handler. Where that cannot be set up (no ``pthread_kill``, the wakeup
 fd refused), SIGTERM to another thread is handled when the main thread next runs Python, and the fallback is
 recorded for ``%nbcoord`` (:func:`nbcoord.core.internals.degraded`). The Python-level handler itself stays: unlike the
@@ -58,8 +58,9 @@ ShutdownAction = Callable[[str], None]
 #: Called at interpreter exit, after the stop: ends the process if a thread that would not stop is left.
 ExitAction = Callable[[], None]
 
-#: The thread that passes a SIGTERM received by another thread on to the main thread (``nbcoord-``: internal).
-WAKER_THREAD_NAME: Final = "nbcoord-sigterm"
+#: ``watch_fd(fd, on_readable)``: has ``on_readable`` called on a thread of nbcoord whenever ``fd`` is readable
+#: (the monitor's :meth:`~nbcoord.core.monitor.Monitor.add_reader`); its remover says whether that thread let go.
+FdWatch = Callable[[int, Callable[[], None]], Callable[[], bool]]
 #: A SIGTERM handler that began or ended this recently, or runs, is taken to have handled the SIGTERM byte read now
 #: (the C handler writes the byte before the main thread runs the Python handler, so the byte may come after it).
 _HANDLED_WINDOW_S: Final = 0.5
@@ -86,6 +87,7 @@ class ShutdownHooks:
         *,
         wait_limit: Callable[[], float] = lambda: 2.0,
         at_exit: ExitAction | None = None,
+        watch_fd: FdWatch | None = None,
     ) -> None:
         self._action = action
         self._wait_limit = wait_limit
@@ -100,7 +102,7 @@ class ShutdownHooks:
         # last began or ended (monotonic; -inf: never).
         self._in_sigterm = False
         self._sigterm_last = float("-inf")
-        self._waker = _SigtermWaker(self._sigterm_handled_recently)
+        self._waker = _SigtermWaker(self._sigterm_handled_recently, watch_fd)
         self._active = False
         self._pid = os.getpid()  # the routes act in this process only (never in a forked child of it)
         self._lock = threading.Lock()  # guards _started
@@ -266,9 +268,10 @@ class _SigtermWaker:
     CPython's C-level handler runs on the thread the signal reached: it marks the signal pending for the main thread
     (which runs the Python handler when it next runs bytecode) and writes the signal number, one byte, to the signal
     wakeup fd. Nothing more wakes a main thread that waits in its event loop or in a cell's ``time.sleep``. So the
-    wakeup fd is a pipe of ours, which a daemon thread reads; for a SIGTERM byte it sends SIGTERM to the main thread
-    (``pthread_kill``), whose wait ends with ``EINTR``; the retry (PEP 475) first runs the handler. A reader on the
-    main event loop would wake an idle kernel only, not a sleeping cell, and would depend on which loop runs.
+    wakeup fd is a pipe of ours, which nbcoord's monitor thread reads (``watch_fd``; no thread of its own); for a
+    SIGTERM byte it sends SIGTERM to the main thread (``pthread_kill``), whose wait ends with ``EINTR``; the retry (PEP
+    475) first runs the handler. A reader on the main event loop would wake an idle kernel only, not a sleeping cell,
+    and would depend on which loop runs.
 
     - A SIGTERM that the handler is handling, or handled a moment ago, is not sent on: that is the main thread's own
       (its byte can come after the handler began), and a second run of the handler would call a previous handler
@@ -280,18 +283,23 @@ class _SigtermWaker:
       else (asyncio's ``add_signal_handler``) is theirs, and left alone.
     """
 
-    def __init__(self, handled_recently: Callable[[], bool]) -> None:
+    def __init__(self, handled_recently: Callable[[], bool], watch_fd: FdWatch | None) -> None:
         self._handled_recently = handled_recently
+        self._watch_fd = watch_fd
         self._read_fd = -1
         self._write_fd = -1
         self._previous_fd = -1
         self._main_ident = 0
-        self._thread: threading.Thread | None = None
+        self._unwatch: Callable[[], bool] | None = None
         self._closing = False
+        self._echoes = 0
+        self._echoes_until = 0.0
 
     def install(self) -> str | None:
-        """In the main thread: set the wakeup fd to the pipe and start the thread. Returns None, or why it could
-        not (and then changed nothing)."""
+        """In the main thread: set the wakeup fd to the pipe and have it read. Returns None, or why it could not
+        (and then changed nothing)."""
+        if self._watch_fd is None:
+            return "no thread of nbcoord's reads the signal pipe"
         if not hasattr(signal, "pthread_kill"):
             return "no signal.pthread_kill on this platform"
         main_ident = threading.main_thread().ident
@@ -302,6 +310,7 @@ class _SigtermWaker:
         except OSError as exc:  # out of file descriptors
             return f"no pipe: {exc}"
         try:
+            os.set_blocking(read_fd, False)  # the monitor reads what is there, and never waits in the read
             os.set_blocking(write_fd, False)  # set_wakeup_fd requires it; the C handler must never block
             # No warning when the pipe is full: the byte only wakes the thread, and one unread byte is enough.
             previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
@@ -312,18 +321,12 @@ class _SigtermWaker:
         self._read_fd, self._write_fd, self._previous_fd = read_fd, write_fd, previous
         self._main_ident = main_ident
         self._closing = False
-        thread = threading.Thread(target=self._watch, args=(read_fd,), name=WAKER_THREAD_NAME, daemon=True)
-        try:
-            thread.start()
-        except RuntimeError as exc:  # can't start new thread
-            self._give_back_wakeup_fd()
-            self._close_fds()
-            return f"its thread could not start: {exc}"
-        self._thread = thread
+        self._echoes = 0
+        self._unwatch = self._watch_fd(read_fd, self._read)
         return None
 
     def uninstall(self) -> None:
-        """In the main thread: give the wakeup fd back, end the thread, close the pipe."""
+        """In the main thread: give the wakeup fd back, stop reading the pipe, close it."""
         if self._write_fd < 0:
             return
         try:
@@ -334,23 +337,18 @@ class _SigtermWaker:
             log.warning("nbcoord: the signal wakeup fd can only be given back in the main thread; left in place")
             return
         self._closing = True
-        try:
-            os.write(self._write_fd, b"\0")  # no signal has number 0: only wakes the thread, which sees _closing
-        except OSError:
-            log.debug("nbcoord: could not wake the SIGTERM waker's thread", exc_info=True)
-        if self._thread is not None:
-            self._thread.join(timeout=2.0)
-            if self._thread.is_alive():  # it still reads the pipe: closing the fd could hand it another file's data
-                log.warning("nbcoord: the SIGTERM waker's thread did not end; its pipe stays open")
-                self._thread = None
-                self._write_fd = self._read_fd = -1
-                return
-        self._thread = None
+        unwatch, self._unwatch = self._unwatch, None
+        if unwatch is not None and not unwatch():
+            # The monitor still waits on the pipe: closing the fd could hand it another file's data.
+            log.warning("nbcoord: the monitor did not let go of the SIGTERM pipe; it stays open")
+            self._write_fd = self._read_fd = -1
+            return
         self._close_fds()
 
     def forget_in_child(self) -> None:
         """In a forked child: the wakeup fd it had before nbcoord, the pipe closed (it is the parent's too; the
-        thread was not forked). Takes no lock; never touches the event loop, whose epoll set is the parent's too."""
+        monitor thread was not forked). Takes no lock; never touches the event loop, whose epoll set is the
+        parent's too."""
         if self._write_fd < 0:
             return
         try:
@@ -358,7 +356,7 @@ class _SigtermWaker:
         except ValueError:  # a fork that CPython did not see: not this process's main thread
             log.debug("nbcoord: could not give back the wakeup fd in a forked child", exc_info=True)
             return  # the pipe stays: the C handler may still write to it
-        self._thread = None
+        self._unwatch = None
         self._close_fds()
 
     def _give_back_wakeup_fd(self) -> bool:
@@ -379,34 +377,32 @@ class _SigtermWaker:
                     log.debug("nbcoord: closing the SIGTERM waker's pipe failed", exc_info=True)
         self._read_fd = self._write_fd = -1
 
-    def _watch(self, read_fd: int) -> None:
-        """The thread: read signal numbers from the pipe; send a SIGTERM on to the main thread."""
-        echoes = 0
-        echoes_until = 0.0
-        while True:
+    def _read(self) -> None:
+        """On the monitor thread, when the pipe is readable: read the signal numbers; send a SIGTERM on to the main
+        thread."""
+        try:
+            data = os.read(self._read_fd, 512)
+        except OSError:  # nothing left (EAGAIN), or closed
+            return
+        if not data or self._closing:
+            return
+        passed = bytearray()
+        for signum in data:
+            if signum == signal.SIGTERM:
+                now = time.monotonic()
+                if self._echoes and now < self._echoes_until:
+                    self._echoes -= 1  # the byte of our own pthread_kill: not a SIGTERM of its own
+                    continue
+                if not self._handled_recently():
+                    self._send_on()
+                    self._echoes, self._echoes_until = 1, now + _ECHO_WINDOW_S
+            passed.append(signum)
+        previous = self._previous_fd
+        if passed and previous >= 0:
             try:
-                data = os.read(read_fd, 512)
-            except OSError:
-                return
-            if not data or self._closing:
-                return
-            passed = bytearray()
-            for signum in data:
-                if signum == signal.SIGTERM:
-                    now = time.monotonic()
-                    if echoes and now < echoes_until:
-                        echoes -= 1  # the byte of our own pthread_kill: not a SIGTERM of its own
-                        continue
-                    if not self._handled_recently():
-                        self._send_on()
-                        echoes, echoes_until = 1, now + _ECHO_WINDOW_S
-                passed.append(signum)
-            previous = self._previous_fd
-            if passed and previous >= 0:
-                try:
-                    os.write(previous, passed)
-                except OSError:  # full (the C handler would have dropped the byte too) or closed
-                    log.debug("nbcoord: could not pass signal bytes on to the previous wakeup fd", exc_info=True)
+                os.write(previous, passed)
+            except OSError:  # full (the C handler would have dropped the byte too) or closed
+                log.debug("nbcoord: could not pass signal bytes on to the previous wakeup fd", exc_info=True)
 
     def _send_on(self) -> None:
         try:

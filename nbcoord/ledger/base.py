@@ -46,8 +46,10 @@ class Kind(Protocol):
     def begin_stop(self, scope: StopScope) -> list[Pending]:
         """Start stopping the items in scope (quickly: the waiting is the ledger's); returns what to wait for."""
 
-    def tick(self) -> None:
-        """The monitor's periodic work (forget what ended)."""
+    def tick(self) -> bool:
+        """The monitor's periodic work (forget what ended); whether the kind holds live items (the monitor keeps
+        its base interval while one does)."""
+        return False
 
     def uninstall(self) -> None:
         """Undo exactly what the kind installed."""
@@ -206,14 +208,17 @@ class Ledger:
                 log.warning("nbcoord: the %s ledger failed", kind.name, exc_info=True)
         return rows
 
-    def _tick(self) -> None:
+    def _tick(self) -> bool:
         if not self.active:
-            return
+            return False
+        live = False
         for kind in list(self.kinds):
             try:
-                kind.tick()
+                live = bool(kind.tick()) or live
             except Exception:
+                live = True
                 log.warning("nbcoord: the %s ledger's monitor task failed", kind.name, exc_info=True)
+        return live
 
     def at_shutdown(self) -> bool:
         """Whether the stop running now is the kernel's shutdown stop."""

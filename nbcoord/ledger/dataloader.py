@@ -151,9 +151,11 @@ class LoaderLedger:
         with self._lock:
             return {entry.cell.execution_count for entry in self._iterators.values()}
 
-    def tick(self) -> None:
-        for entry, iterator, _workers in self._live():
+    def tick(self) -> bool:
+        live = self._live()
+        for entry, iterator, _workers in live:
             self._own_thread(entry, iterator)  # feeder threads start with the first put
+        return bool(live)
 
     def rows(self) -> list[LedgerRow]:
         rows: list[LedgerRow] = []

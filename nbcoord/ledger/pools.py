@@ -159,9 +159,11 @@ class PoolLedger:
         with self._lock:
             return {entry.cell.execution_count for entry in self._pools.values()}
 
-    def tick(self) -> None:
-        for entry, pool, _alive in self._live():
+    def tick(self) -> bool:
+        live = self._live()
+        for entry, pool, _alive in live:
             self._own_threads(entry, pool)  # an executor starts its manager thread at its first submit
+        return bool(live)
 
     # ------------------------------------------------------------------------------------------- rows
     def rows(self) -> list[LedgerRow]:

@@ -124,11 +124,12 @@ class ProcessLedger:
         cell: CellInfo | None = self.ledger.registry.cell(number) if number is not None else None
         return cell
 
-    def tick(self) -> None:
+    def tick(self) -> bool:
         alive = {(c["pid"], round(c["started_at"], 1)) for c in self.children()}
         with self._lock:
             for key in [key for key in self._ids if key not in alive]:
                 del self._ids[key]
+        return bool(alive)
 
     # ----------------------------------------------------------------------------------------------- rows
     def rows(self) -> list[LedgerRow]:

@@ -336,9 +336,10 @@ class TaskLedger:
                 del self._entries[key]
         return live
 
-    def tick(self) -> None:
+    def tick(self) -> bool:
         live = self._live()
         self._prune_queues({id(entry.cell) for entry, _task in live})
+        return bool(live)
 
     def _prune_queues(self, in_use: set[int]) -> None:
         """Forget the queues of cells that are neither recent nor have a live task (a long session runs thousands

@@ -233,13 +233,14 @@ class MemoryLedger:
         return gpu
 
     # --------------------------------------------------------------------------- the monitor (its thread)
-    def tick(self) -> None:
-        """The monitor's task: the running cell's peaks, and the GPU figures of cells that ended since."""
+    def tick(self) -> bool:
+        """The monitor's task: the running cell's peaks, and the GPU figures of cells that ended since. Whether a
+        cell runs or one still waits for its figures (then the monitor keeps its base interval)."""
         if not self._active:
-            return
+            return False
         sample = self._probe.last_sample
         if sample is None:
-            return
+            return self._running is not None
         read_at = self._probe.read_at  # when the GPU figures in the sample were read (the probe's clock)
         rss = sample["host"]["rss"]
         gpu = _gpu_of(sample)
@@ -250,11 +251,15 @@ class MemoryLedger:
                 if gpu is not None and read_at >= running.started_mono:
                     for index, used in gpu.items():
                         running.gpu_peak[index] = max(running.gpu_peak.get(index, 0), used)
+            waiting = False
             for record in reversed(self._done):
                 if record.gpu_after is not None or record.ended_mono is None:
                     break  # older ones have theirs
                 if read_at >= record.ended_mono:
                     record.gpu_after = gpu if gpu is not None else {}
+                else:
+                    waiting = True
+            return running is not None or waiting
 
     def _forget_in_child(self) -> None:
         self._active = False

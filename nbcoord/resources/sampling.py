@@ -54,20 +54,22 @@ class ResourceWatch:
         """One resource sample (cheap between the probe's rate-limited full reads)."""
         return self.probe.sample(self._cell_windows(), self._host.registry.native_names())
 
-    def _monitor_resources(self) -> None:
-        """The monitor's sample: keeps the probe's history going, and feeds per-thread CPU from each new read."""
+    def _monitor_resources(self) -> bool:
+        """The monitor's sample: keeps the probe's history going, and feeds per-thread CPU from each new read.
+        Returns whether the kernel has child processes (live things to watch)."""
         noted = self.probe.read_at
         resources = self.sample()
         if self.probe.read_at != noted:
             self._host.registry.note_cpu({t["native_id"]: t["cpu_s"] for t in resources["native_threads"]})
+        return bool(resources["children"])
 
-    def _sample_thread_cpu(self) -> None:
+    def _sample_thread_cpu(self) -> bool:
         """CPU time of the user's threads, a bounded number per tick, so that a busy thread never looks idle
-        (its innermost frame can look the same at every sample while it works)."""
+        (its innermost frame can look the same at every sample while it works). Whether there were any."""
         registry = self._host.registry
         records = [r for r in registry.records() if r.user and r.native_id is not None]
         if not records:
-            return
+            return False
         start = self._cpu_cursor % len(records)
         batch = (records[start:] + records[:start])[:CPU_SAMPLES_PER_TICK]
         self._cpu_cursor = start + len(batch)
@@ -77,6 +79,7 @@ class ResourceWatch:
             if record.native_id is not None and seconds is not None:
                 cpu[record.native_id] = seconds
         registry.note_cpu(cpu)
+        return True
 
     def _resources_section(self) -> dict[str, Any]:
         return {"resources": self.sample()}

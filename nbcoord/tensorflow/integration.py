@@ -56,7 +56,6 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from nbcoord.core.fork import on_fork_child
-from nbcoord.core.imports import when_imported
 from nbcoord.core.patches import ClassPatches
 from nbcoord.tensorflow import eager as _tf_eager
 from nbcoord.tensorflow import rows, tracebacks
@@ -92,18 +91,22 @@ PREPARE_AFTER_S = 0.5
 _current: TensorFlowIntegration | None = None
 
 
-def watch(host: Host) -> Callable[[], None]:
-    """Install the integration now if TensorFlow is imported, else when it is; returns the undo."""
+def start(host: Host, *, scan: bool) -> Callable[[], None]:
+    """Install the integration now (TensorFlow is imported: :mod:`nbcoord.tensorflow.watch` calls this from its
+    post-import hook); ``scan``: look for objects made before (TensorFlow was imported before nbcoord was loaded).
+    Returns the undo."""
     global _current
     integration = TensorFlowIntegration(host)
     _current = integration
-    already = "tensorflow" in sys.modules
-    # Objects can only predate the integration when TensorFlow was imported before nbcoord was loaded.
-    remove_hook = when_imported("tensorflow", lambda _module: integration.install(scan=already))
+    try:
+        integration.install(scan=scan)
+    except BaseException:
+        integration.uninstall()
+        _current = None
+        raise
 
     def undo() -> None:
         global _current
-        remove_hook()
         integration.uninstall()
         if _current is integration:
             _current = None
@@ -112,7 +115,7 @@ def watch(host: Host) -> Callable[[], None]:
 
 
 def current() -> TensorFlowIntegration | None:
-    """The TensorFlow integration of the loaded extension, if any (installed or waiting for the import)."""
+    """The TensorFlow integration of the loaded extension, if TensorFlow is imported."""
     return _current
 
 
@@ -372,9 +375,9 @@ class TensorFlowIntegration:
             "sessions": rows.session_rows(self.objects, lambda info: self.health.session_extra(info, after)),
         }
 
-    def tick(self) -> None:
+    def tick(self) -> bool:
         """The monitor task (about once a second): owners, polls, progress, prepared closes and resets. Tests and
-        the bench call it."""
+        the bench call it. Whether a session or queue is live (the monitor keeps its base interval then)."""
         self.registration.attach_pending()
         self.objects.poll_all(record=True, wait=0.0)
         self.health.sample()
@@ -382,4 +385,5 @@ class TensorFlowIntegration:
         self.eager.prepare_main()
         self.stopping.prepare_closes()
         self.stopping.restore_closed_types()
+        return bool(self.objects.sessions() or self.objects.queues())
 

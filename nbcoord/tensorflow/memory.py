@@ -1,9 +1,9 @@
 """TensorFlow's memory, plugged into the resources (:mod:`nbcoord.resources.frameworks`): its allocator's figures
 for the probe, what ``%nbcoord reclaim`` says of it, and the size of its tensors, variables and Keras models.
 
-Never imports TensorFlow and never starts its eager runtime: :func:`watch` registers these hooks once the user has
-imported TensorFlow (a post-import hook, at once if it already is), and the allocator is read only after the
-runtime has started (``nbcoord.tensorflow.internals.eager_runtime_started``).
+Never imports TensorFlow and never starts its eager runtime: :func:`nbcoord.tensorflow.watch.watch` registers these
+hooks (:func:`register`) once the user has imported TensorFlow (a post-import hook, at once if it already is), and the
+allocator is read only after the runtime has started (``nbcoord.tensorflow.internals.eager_runtime_started``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from nbcoord.core.imports import when_imported
 from nbcoord.resources.frameworks import AllocatorRead, Framework, FrameworkAction, Measure, add
 from nbcoord.resources.gpu import GpuDevice
 from nbcoord.resources.nvml import nvml_index
@@ -30,19 +29,6 @@ TF_NOT_STARTED = (
 )
 #: Said by reclaim when TensorFlow is imported but holds no GPU memory.
 NO_RELEASE = "TensorFlow has no public call that gives its allocator's memory back."
-
-
-def watch() -> Callable[[], None]:
-    """Register TensorFlow's memory hooks once TensorFlow is imported (now, if it is); returns the undo."""
-    removers: list[Callable[[], None]] = []
-    remove_hook = when_imported("tensorflow", lambda _module: removers.append(register()))
-
-    def undo() -> None:
-        remove_hook()
-        while removers:
-            removers.pop()()
-
-    return undo
 
 
 def register() -> Callable[[], None]:

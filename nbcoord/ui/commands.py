@@ -47,6 +47,8 @@ COMMAND_TYPES: Final = frozenset({"stop", "stack", "view", "restart", "reclaim"}
 #: Types that are actions: run one after another on the runner's thread, and answered with an outcome.
 ACTION_TYPES: Final = frozenset({"stop", "restart", "reclaim"})
 STOP_THREAD_NAME: Final = f"{INTERNAL_PREFIX}panel-stop"
+#: The stop thread ends after this long without a stop.
+STOP_THREAD_IDLE_S: Final = 30.0
 #: Different stops that may wait at once; a click for yet another is refused (its outcome says why).
 MAX_WAITING_STOPS: Final = 8
 #: Characters of a rejection's reason, and of the rejected content's representation, in the log.
@@ -348,11 +350,13 @@ class StopRunner:
         self._run = run
         self._done = done
         self._error = error
-        self._lock = threading.Lock()  # guards _waiting, _current, _current_key, _thread, _stopping
+        self._lock = threading.Lock()  # guards _waiting, _current, _current_key, _answering, _thread, _stopping
         self._wake = threading.Condition(self._lock)
         self._waiting: OrderedDict[tuple[Any, ...], list[Command]] = OrderedDict()
         self._current: list[Command] | None = None
         self._current_key: tuple[Any, ...] | None = None
+        #: An action has ended and its clicks are being answered (no click can join it any more).
+        self._answering = False
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._dropped = RateLimited(logging.WARNING, burst=3, window=60.0)
@@ -401,9 +405,16 @@ class StopRunner:
 
     @property
     def busy(self) -> bool:
-        """Whether a stop runs or waits."""
+        """Whether a stop runs or waits, or the clicks of one that ended are not answered yet."""
         with self._lock:
-            return self._current is not None or bool(self._waiting)
+            return self._current is not None or bool(self._waiting) or self._answering
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether an action runs or its clicks are not answered yet: its report may be stored while the click
+        data that goes with it is not (the panel holds the report back meanwhile)."""
+        with self._lock:
+            return self._current is not None or self._answering
 
     def close(self, timeout: float = 2.0) -> None:
         """Drop waiting stops, let the running one finish (bounded by its grace), end the thread."""
@@ -419,7 +430,11 @@ class StopRunner:
         while True:
             with self._lock:
                 while not self._waiting and not self._stopping:
-                    self._wake.wait()
+                    if not self._wake.wait(STOP_THREAD_IDLE_S):
+                        # Idle: end (a click starts another, under this lock), so that an idle kernel keeps no
+                        # thread of the panel's but the fast route's.
+                        self._thread = None
+                        return
                 if self._stopping:
                     return
                 key, commands = self._waiting.popitem(last=False)
@@ -433,6 +448,7 @@ class StopRunner:
                 report, failure = None, error
             with self._lock:
                 answered, self._current, self._current_key = commands, None, None
+                self._answering = True
             try:
                 if report is not None:
                     self._done(answered, report)
@@ -440,3 +456,6 @@ class StopRunner:
                     self._error(answered, failure)
             except Exception:
                 log.warning("nbcoord: reporting a panel %s failed", commands[0].type, exc_info=True)
+            finally:
+                with self._lock:
+                    self._answering = False

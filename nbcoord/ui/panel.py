@@ -6,20 +6,20 @@ The panel is made of one module per concern:
 - :mod:`.state`: the state, shaped from one snapshot (pure functions in :mod:`.rows`, :mod:`.runs`,
   :mod:`.memory`, :mod:`.outcomes`, :mod:`.history`, over :mod:`.source` and :mod:`.fields`);
 - :mod:`.widget`: the widget (traits are the state; the front end cannot write them);
-- :mod:`.sender`: the sender thread, and the diffing of traits;
+- :mod:`.sender`: the sender (the panel's ticks, a job of nbcoord's monitor thread), and the diffing of traits;
 - :mod:`.commands`: the commands, validated against the ids the kernel issued, acted on once;
 - :mod:`.handling`: the commands taken from both routes, acknowledged and handed to where they run;
 - :mod:`.acks`: the acknowledgement of clicks, at once and, in a flood, a few for many;
 - :mod:`.actions`: what a stop, a restart or a reclaim does; :mod:`.answers`: the outcome each click gets;
 - this module: the controller that wires them for one kernel, and the registry of controllers.
 
-Data flows one way. The sender thread (``nbcoord-panel``) builds a snapshot every ``NBCoord.panel_interval``
-seconds, turns it into the panel's traits and sets only the traits whose value changed, in one message. Nothing is
-sent when nothing changed: figures that move on their own (idle times, ages, how long a run has been blocked) are
-computed by the front end from absolute times. History (sparklines) is sent at most every ``HISTORY_EVERY``
-intervals. While a cell runs, a small ``beat`` goes out every tick: when the beats stop, the front end says that
-the main thread holds the GIL in native code. The sender keeps itself under ``MAX_DUTY`` of one core (with a
-thousand threads it ticks less often, and its beat says so).
+Data flows one way. The sender, on nbcoord's monitor thread, builds a snapshot every ``NBCoord.panel_interval`` seconds
+while anything is live (and at the monitor's quiet pace while nothing is), turns it into the panel's traits and sets
+only the traits whose value changed, in one message. Nothing is sent when nothing changed: figures that move on their
+own (idle times, ages, how long a run has been blocked) are computed by the front end from absolute times. History
+(sparklines) is sent at most every ``HISTORY_EVERY`` intervals. While a cell runs, a small ``beat`` goes out every tick:
+when the beats stop, the front end says that the main thread holds the GIL in native code. The sender keeps itself under
+``MAX_DUTY`` of one core (with a thousand threads it ticks less often, and its beat says so).
 
 Commands flow to one place (:mod:`.handling`). Each click taken is acknowledged at once (the ``ack`` trait): a
 click the front end sees no acknowledgement for within a second was not handled, because the main thread holds the
@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import sys
 import threading
 import time
@@ -127,7 +128,7 @@ class PanelController:
         except BaseException:
             self.route.uninstall()  # a panel that could not be made leaves the kernel's shell stream as it was
             raise
-        self._sender = Sender(self._tick, self._wait, self._watched, self._traits)
+        self._sender = Sender(host.monitor, self._tick, self._wait, self._watched, self._traits)
         self._sender.start()
         self._remove_own_stopper = host.add_own_stopper(self.stop_threads)
         host.add_undo(self.close)
@@ -172,15 +173,15 @@ class PanelController:
 
     @property
     def sender_native_id(self) -> int | None:
-        """The sender thread's OS id (the benchmark reads its CPU time)."""
+        """The OS id of the thread the panel's ticks run on, the monitor's (the benchmark reads its CPU time)."""
         return self._sender.native_id
 
     def stop_sender(self) -> None:
-        """Stop the sender thread (tests drive ticks themselves then)."""
+        """Stop the sender's ticks (tests drive ticks themselves then)."""
         self._sender.stop()
 
     def stop_threads(self) -> None:
-        """Stop the panel's threads: the sender, and the action runner after its running action (the shutdown
+        """Stop the panel's work: the sender's ticks, and the action runner after its running action (the shutdown
         runs this before it stops anything else)."""
         self._sender.stop()
         self._stops.close(timeout=0.2)
@@ -309,6 +310,11 @@ class PanelController:
             self._history_at = now
             state["history"] = panel_history(snapshot, resource_history(self.actions.history), now=time.time())
         state.update(pending)
+        last_stop = state.get("last_stop")
+        if last_stop is not None and "clicks" not in last_stop and self._stops.in_flight:
+            # The panel's own stop has stored its report and not yet its clicks: the report waits for them (their
+            # answer wakes a tick), so that no view shows it as a stop nobody clicked.
+            state.pop("last_stop")
         if state["header"]["running_cell"] is not None:
             # While a cell runs the front end expects a beat every interval; its absence means the main
             # thread holds the GIL in native code (and a stop will act when it returns).
@@ -358,12 +364,16 @@ class PanelController:
 
     def _view(self, command: Command) -> None:
         assert command.view_id is not None
+        now = time.monotonic()
         with self._lock:
+            # A renewal of a lease still running changes nothing the view shows: no tick of its own (an idle panel
+            # would tick every VIEW_RENEW_S for it). One that comes back after its lease ran out unparks the sender.
+            renewal = command.action == "alive" and self._views.get(command.view_id, -math.inf) >= now
             if command.action == "close":
                 self._views.pop(command.view_id, None)
             else:
                 self._had_view = True
-                self._views[command.view_id] = time.monotonic() + VIEW_LEASE_S
+                self._views[command.view_id] = now + VIEW_LEASE_S
                 while len(self._views) > _MAX_VIEWS:
                     self._views.pop(next(iter(self._views)))
             if command.action == "open" and command.client_time is not None:
@@ -372,7 +382,8 @@ class PanelController:
                     "client_time": command.client_time,
                     "kernel_time": time.time(),
                 }
-        self._sender.wake()
+        if not renewal:
+            self._sender.wake()
 
     def _stack(self, command: Command) -> None:
         record = self.host.registry.get(command.tid) if command.tid is not None else None

@@ -1,14 +1,14 @@
-"""The panel's sender: one thread per kernel that ticks while a view watches, and the diffing of traits.
+"""The panel's sender: the ticks while a view watches, and the diffing of traits.
 
-:class:`Sender` is the one long-lived thread (``nbcoord-panel``): it calls its tick every interval while someone
-watches, and parks (no cost) while nobody does. :class:`TraitSender` sets only the traits whose value changed,
-in one message (``hold_sync``): values are compared as Python values (cheaper than encoding 1000 rows every
-tick), and a big trait that changes all the time is sent at most every ``size / BYTES_PER_INTERVAL`` intervals,
-so that 1000 busy threads cannot turn the panel into a firehose. A trait held back is sent, as that tick built
-it, once its wait is over: not at the next tick, which may be many seconds away while ticks are expensive (the
-header would count 1000 new threads that the list does not show meanwhile). One lock serialises every send to
-the widget: the sender's ticks, the held traits and the acknowledgements of clicks, which go out at once from the
-command thread.
+:class:`Sender` runs the panel's ticks on nbcoord's monitor thread (a job of it, no thread of its own): every interval
+while someone watches, parked (no cost) while nobody does, and at the monitor's quiet pace while nothing is live.
+:class:`TraitSender` sets only the traits whose value changed, in one message (``hold_sync``): values are compared as
+Python values (cheaper than encoding 1000 rows every tick), and a big trait that changes all the time is sent at most
+every ``size / BYTES_PER_INTERVAL`` intervals, so that 1000 busy threads cannot turn the panel into a firehose. A trait
+held back is sent, as that tick built it, once its wait is over: not at the next tick, which may be many seconds away
+while ticks are expensive (the header would count 1000 new threads that the list does not show meanwhile). One lock
+serialises every send to the widget: the sender's ticks, the held traits and the acknowledgements of clicks, which go
+out at once from the command thread.
 """
 
 from __future__ import annotations
@@ -17,16 +17,16 @@ import json
 import logging
 import math
 import threading
-import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from nbcoord.core.threads import INTERNAL_PREFIX
+from nbcoord.core.monitor import QUIET_INTERVAL_S, Monitor
 from nbcoord.ui import sections
 
 log = logging.getLogger("nbcoord")
 
-SENDER_THREAD_NAME: Final = f"{INTERNAL_PREFIX}panel"
+#: The panel's job on the monitor thread.
+SENDER_JOB: Final = "panel"
 #: A trait larger than this is sent at most every (size / this) intervals.
 BYTES_PER_INTERVAL: Final = 64 * 1024
 #: Traits that go together (the sections paced as ``rows``): when one is held back (too big to send this often), so
@@ -40,72 +40,86 @@ def to_json(value: Any) -> str:
 
 
 class Sender:
-    """The one long-lived thread that sends the panel's state; parked (no cost) while nobody watches."""
+    """The panel's ticks, run as a job of nbcoord's monitor thread: every interval while someone watches, parked
+    (no cost) while nobody does, and no more than the monitor's own ticks while nothing is live."""
 
     def __init__(
         self,
+        monitor: Monitor,
         tick: Callable[[], None],
         wait: Callable[[], float],
         active: Callable[[], bool],
         traits: TraitSender,
     ) -> None:
+        self._monitor = monitor
         self._tick = tick
         self._wait = wait
         self._active = active
         self._traits = traits  # whose held traits go out between ticks, when their wait is over
-        self._wake = threading.Event()
+        self._tick_now = True
+        self._last_tick = -math.inf
         self._stopping = False
-        self._thread = threading.Thread(target=self._run, name=SENDER_THREAD_NAME, daemon=True)
+        self._remove: Callable[[], None] | None = None
 
     def start(self) -> None:
-        self._thread.start()
+        self._remove = self._monitor.add_job(SENDER_JOB, self._due, self._run)
 
     def wake(self) -> None:
         """Tick now (after a command), or unpark."""
-        self._wake.set()
+        self._tick_now = True
+        self._monitor.poke()
 
-    def stop(self, timeout: float = 1.0) -> None:
-        """Stop and join; the tick in progress, if any, finishes first."""
+    def stop(self) -> None:
+        """No more ticks; the tick in progress, if any, finishes first (bounded)."""
         self._stopping = True
-        self._wake.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
+        remove, self._remove = self._remove, None
+        if remove is not None:
+            remove()
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        return self._remove is not None
 
     @property
     def native_id(self) -> int | None:
-        """The sender thread's OS id (the benchmark reads its CPU time)."""
-        return self._thread.native_id
+        """The OS id of the thread the ticks run on (the benchmark reads its CPU time)."""
+        return self._monitor.native_id
 
-    def _run(self) -> None:
-        while not self._stopping:
+    def _next_tick(self) -> float:
+        """After the interval; while the monitor is quiet (nothing live) and this has ticked since it became so,
+        when the monitor ticks next: nothing can change the view meanwhile but what wakes both."""
+        if self._monitor.quiet_since <= self._last_tick:
+            return self._last_tick + QUIET_INTERVAL_S
+        return self._last_tick + self._wait()
+
+    def _due(self) -> float | None:
+        if self._stopping:
+            return None
+        if self._tick_now:
+            return -math.inf
+        if not self._active():
+            return None  # parked: a view, a command or stop() wakes it
+        held = self._traits.held_due()
+        next_tick = self._next_tick()
+        return next_tick if held is None else min(held, next_tick)
+
+    def _run(self, now: float) -> None:
+        if self._stopping:
+            return
+        if self._tick_now or now >= self._next_tick():
+            self._tick_now = False
             if not self._active():
-                self._wake.wait()  # parked: a view, a command or stop() wakes it
-                self._wake.clear()
-                continue
+                return
+            self._last_tick = now
             try:
                 self._tick()
             except Exception:
                 log.warning("nbcoord: panel update failed", exc_info=True)
-            self._until_next_tick(time.monotonic() + self._wait())
-
-    def _until_next_tick(self, next_tick: float) -> None:
-        """Wait for the next tick (or a wake), sending held traits when they are due meanwhile."""
-        while not self._stopping:
-            due = self._traits.held_due()
-            until = next_tick if due is None else min(due, next_tick)
-            if self._wake.wait(max(0.0, until - time.monotonic())):
-                self._wake.clear()
-                return
-            if due is None or due >= next_tick:
-                return
-            try:
-                self._traits.send_held(time.monotonic())
-            except Exception:
-                log.warning("nbcoord: panel update failed", exc_info=True)
+            return
+        try:
+            self._traits.send_held(now)
+        except Exception:
+            log.warning("nbcoord: panel update failed", exc_info=True)
 
 
 class TraitSender:
