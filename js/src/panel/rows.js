@@ -93,10 +93,18 @@ export function applyRows(store, msg) {
     }
     const key = KEYS[trait];
     const map = store.maps[trait];
+    const order = drawnOrder(key);
+    const removed = (part && part.remove) || [];
+    const upsert = (part && part.upsert) || [];
+    // Rows that changed in place (a name, a state: not what they sort by) keep their places: no sort.
+    const inPlace = !msg.full && !removed.length && trait in store.lists
+      && upsert.every((/** @type {any} */ row) => map.has(row[key]) && order(map.get(row[key]), row) === 0);
     if (msg.full) map.clear();
-    for (const k of (part && part.remove) || []) map.delete(k);
-    for (const row of (part && part.upsert) || []) map.set(row[key], row);
-    store.lists[trait] = [...map.values()].sort(drawnOrder(key));
+    for (const k of removed) map.delete(k);
+    for (const row of upsert) map.set(row[key], row);
+    store.lists[trait] = inPlace
+      ? store.lists[trait].map((/** @type {any} */ row) => map.get(row[key]))
+      : [...map.values()].sort(order);
   }
   store.seq = msg.seq;
   return { changed };
