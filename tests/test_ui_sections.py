@@ -48,7 +48,7 @@ def test_panel_state_is_every_shaped_section_in_the_registrys_order() -> None:
 
 def test_the_senders_pacing_comes_from_the_registry() -> None:
     rows = {section.trait for section in sections.SECTIONS if section.pacing == "rows"}
-    assert (frozenset(rows),) == sections.TOGETHER
+    assert tuple(section.trait for section in sections.ROWS) == rowsync.TRAITS  # one message, so they go together
     assert set(rowsync.TRAITS) == rows == {"threads", "ledger", "groups", "cells"}
     assert rowsync.KEYS == {"threads": "tid", "ledger": "id"}
     assert all(section.key is None for section in sections.SECTIONS if section.pacing != "rows")

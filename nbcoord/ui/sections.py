@@ -87,7 +87,5 @@ SECTIONS: Final = (
 STATE_TRAITS: Final = tuple(section.trait for section in SECTIONS)
 #: The sections sent together, by difference, in one custom message: the rows and what counts them.
 ROWS: Final = tuple(section for section in SECTIONS if section.pacing == "rows")
-#: Traits that go together: when one is held back (too big to send this often), so are the others.
-TOGETHER: Final = (frozenset(section.trait for section in ROWS),)
 #: The sections shaped from a snapshot, in the registry's order.
 SHAPED: Final = tuple(section for section in SECTIONS if section.shape is not None)
