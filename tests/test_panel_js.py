@@ -925,6 +925,18 @@ def test_the_section_registry_draws_every_trait_the_widget_syncs() -> None:
     assert len(names) == len(set(names)), names
 
 
+
+def test_the_rows_sections_and_their_keys_are_the_kernels() -> None:
+    # The rows travel by difference (nbcoord.ui.rowsync): the module keys them as the registry does.
+    from nbcoord.ui import rowsync
+
+    script = (
+        f"import({json.dumps((JS / 'src' / 'panel' / 'rows.js').as_uri())}).then((m) => console.log("
+        "JSON.stringify({traits: m.ROWS_TRAITS, keys: m.KEYS})))"
+    )
+    out = subprocess.run(["node", "-e", script], capture_output=True, text=True, timeout=60, check=True, cwd=REPO)
+    assert json.loads(out.stdout) == {"traits": list(rowsync.TRAITS), "keys": rowsync.KEYS}
+
 # -------------------------------------------------------------------------------------------- the server page
 FLEET_HARNESS = """<!doctype html>
 <html><head><meta charset="utf-8"></head><body>

@@ -33,7 +33,7 @@ from typing import Any, Final
 
 from nbcoord.ui.sections import ROWS
 
-#: The type of the rows message, and the ``view`` actions that ask for a full copy.
+#: The type of the rows message (the front end ignores custom messages of other types).
 MESSAGE_TYPE: Final = "rows"
 #: The keyed sections: trait -> the field that keys each row.
 KEYS: Final = {section.trait: section.key for section in ROWS if section.key is not None}

@@ -13,7 +13,7 @@
 /** The rows sections, and the field that keys the rows of each keyed one (nbcoord.ui.sections, ``key``). */
 export const ROWS_TRAITS = ["threads", "ledger", "groups", "cells"];
 /** @type {Record<string, string>} */
-const KEYS = { threads: "tid", ledger: "id" };
+export const KEYS = { threads: "tid", ledger: "id" };
 
 /**
  * @typedef {{
