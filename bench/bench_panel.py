@@ -16,6 +16,10 @@
    0.05 % of a core over any window of a second or more; the process's total CPU (open vs closed) is printed
    beside it, with its own resolution (the 10 ms tick of ``/proc/<pid>/stat`` over the window).
    Target: < 1 % of one core idle, < 2 % churning.
+4. **Bytes sent for one row change at 1000 threads**: one of 1000 idle threads renamed, with a view open; the
+   panel's message that brings the new name, as it crosses iopub (its content frame). Baseline: the whole
+   ``threads`` trait update the panel sent before the rows went by difference (issue 26, point 4), encoded the same
+   way from the same kernel's rows. Target: <= 5 KB.
 
 Run: ``python bench/bench_panel.py [--busy 1.0] [--reps 2] [--window 20]`` (about 4 minutes). The browser's side
 (time to apply one update at 1000 threads) is ``bench/bench_panel_browser.py``.
@@ -327,7 +331,8 @@ def bench_idle(k: Kernel, threads: int, window: float) -> None:
         # their size go out between ticks): a shorter silence may fall between the startup's last two messages.
         settle(counter, quiet=max(3.0, 1.5 * k.value("controller._wait()")), limit=90.0)
         ticks = k.value("controller.ticks")
-        state_bytes = k.value("sum(controller._sent_size.values())")
+        # The traits, and the rows (sent by difference, not as traits) as a whole copy would send them.
+        state_bytes = k.value(f"sum(controller._sent_size.values()) + len({TO_JSON}(controller._traits.rows.rows))")
         counter.drain()
         sent, messages = counter.count(window)
         ticks = k.value("controller.ticks") - ticks
@@ -348,6 +353,68 @@ def bench_idle(k: Kernel, threads: int, window: float) -> None:
         "< 1 KB/s",
         sent / window < 1024,
         vs="the whole state sent every interval",
+    )
+
+
+#: The panel's JSON encoder, in the kernel (for sizes).
+TO_JSON = "__import__('nbcoord.ui.sender', fromlist=['to_json']).to_json"
+#: The most one row change may cost at 1000 threads (issue 26, point 4).
+ONE_ROW_TARGET = 5 * 1024
+
+
+def _content(frames: list[bytes]) -> bytes | None:
+    """The content frame of one iopub message (after the delimiter: signature, header, parent, metadata, content)."""
+    try:
+        return frames[frames.index(b"<IDS|MSG>") + 5]
+    except (ValueError, IndexError):
+        return None
+
+
+def _renames(content: bytes, name: str) -> bool:
+    """Whether a panel message's content brings a thread row named ``name`` (a rows message's upsert, or a whole
+    threads trait): not the cells section, whose first lines may quote the name."""
+    data = json.loads(content).get("data", {})
+    rows = (data.get("state") or {}).get("threads") or ((data.get("content") or {}).get("threads") or {})
+    rows = rows.get("upsert", []) if isinstance(rows, dict) else rows
+    return any(isinstance(row, dict) and row.get("name") == name for row in rows)
+
+
+def bench_one_row(k: Kernel) -> None:
+    """Part 4 in kernel ``k``, which has 1000 idle threads in ``_idle``: rename one, weigh the message that says so."""
+    counter = IopubCounter(k.manager, k.info["comm_id"])
+    try:
+        view = k.open_view()
+        settle(counter, quiet=max(3.0, 1.5 * k.value("controller._wait()")), limit=90.0)
+        # Before: the whole list as one trait update, encoded as the kernel's session encodes a message's content.
+        before = k.value(
+            "len(json.dumps({'comm_id': p.comm.comm_id, 'data': {'method': 'update', 'state': "
+            "{'threads': p.threads}, 'buffer_paths': []}}, ensure_ascii=False).encode())"
+        )
+        threads = k.value("len(p.threads)")
+        counter.drain()
+        k.run("_idle[500].name = 'renamed-' + str(500)")  # the name is not in the cell's line (the cells section)
+        after: int | None = None
+        deadline = time.monotonic() + 30
+        while after is None and time.monotonic() < deadline:
+            if not counter.socket.poll(500):
+                continue
+            content = _content(counter.socket.recv_multipart())
+            if content is not None and counter.comm_id in content and _renames(content, "renamed-500"):
+                after = len(content)
+        close_view(k, view)
+    finally:
+        counter.close()
+    ratio = None if after is None else after / before
+    print(f"{threads:>7} {before:>12} {after if after is not None else 'n/a':>10} {ratio or float('nan'):>10.4f}")
+    result(
+        "panel bytes for one row change, 1000 threads",
+        after,
+        before,
+        "B",
+        "<= 5 KB",
+        after is not None and after <= ONE_ROW_TARGET,
+        vs="the whole threads trait (before rows went by difference)",
+        note=f"{threads} rows; the content frame of the message that carries the renamed row",
     )
 
 
@@ -418,6 +485,9 @@ def main() -> None:
         k.run("_idle = []")
         for threads in (100, 1000):
             bench_idle(k, threads, args.window)
+        print("\n4. Bytes for one row change at 1000 threads (one thread renamed): the whole list vs the difference")
+        print(f"{'threads':>7} {'before B':>12} {'after B':>10} {'ratio':>10}")
+        bench_one_row(k)
         print(f"\n3. Kernel CPU of an open panel (share of one core), {args.window} s windows, open then closed")
         print(f"{'threads':>9} {'window':>6} {'ticks':>5} {'sender':>9} {'+IOPub':>9} {'panel':>9}")
         bench_cpu(k, "idle", args.window, 1.0)

@@ -1,10 +1,12 @@
 """The panel's front end: time to apply one update at 1000 threads, before and after keyed drawing.
 
 In Debian's Chromium (the flags of tests/browser_support.py), the panel's module renders a state of 1000 threads in
-four cells (250 each) with a small fake anywidget model, then receives ``--updates`` updates of the ``threads``
-trait, each with one row changed (a thread turns idle, as the kernel sends it). One update's time runs from the
-model's ``change:threads`` to the end of the layout it causes (the module draws in a microtask; the bench then
-reads a layout property, which makes Chromium compute style and layout). Median over the updates.
+four cells (250 each) with a small fake anywidget model, then receives ``--updates`` updates, each with one row
+changed (a thread turns idle), as each module takes them: the whole ``threads`` trait for the first module, one rows
+message with the changed row for today's (``nbcoord.ui.rowsync``: applied to its keyed rows, which it sorts again).
+One update's time runs from the model's ``change:threads`` (or the message) to the end of the layout it causes (the
+module draws in a microtask; the bench then reads a layout property, which makes Chromium compute style and layout).
+Median over the updates.
 
 - **before**: the module as it was (``bench/panel_before.js``, a copy of the first panel's ``js/panel.js``): one
   ``render()`` closure that rebuilt the whole DOM on every change, drawing up to 200 rows per group (800 here).
@@ -47,6 +49,7 @@ class FakeModel {
   on(event, cb) { if (!this.listeners.has(event)) this.listeners.set(event, []); this.listeners.get(event).push(cb); }
   off(event, cb) { const l = this.listeners.get(event) || []; const i = l.indexOf(cb); if (i >= 0) l.splice(i, 1); }
   send() {}
+  custom(content) { for (const cb of this.listeners.get("msg:custom") || []) cb(content, []); }
 }
 const tick = () => new Promise((resolve) => setTimeout(resolve, 0));
 window.run = async (state, updates, expand) => {
@@ -54,6 +57,14 @@ window.run = async (state, updates, expand) => {
   document.getElementById("host").appendChild(el);
   const model = new FakeModel(structuredClone(state));
   const cleanup = panel.render({ model, el });
+  // A module that takes the rows by difference (nbcoord.ui.rowsync) gets them so, as the kernel sends them: one
+  // full copy, then one message per update with the changed row; the first module, whole threads traits.
+  const byDifference = model.listeners.has("msg:custom");
+  const keyed = (rows) => ({ upsert: rows, remove: [] });
+  if (byDifference) {
+    model.custom({ type: "rows", seq: 1, base: null, full: true, threads: keyed(structuredClone(state.threads)),
+                   ledger: keyed([]), groups: state.groups, cells: state.cells });
+  }
   await tick();
   if (expand) {
     for (const button of [...el.querySelectorAll("[data-action=expand-group]")]) button.click();
@@ -67,8 +78,10 @@ window.run = async (state, updates, expand) => {
     rows[i % rows.length].state = "waiting";
     rows[i % rows.length].last_active = state.now - 30 - i;
     await tick();
+    const changed = JSON.parse(JSON.stringify(rows[i % rows.length]));  // as a JSON message gives it
     const start = performance.now();
-    model.set("threads", rows);
+    if (byDifference) model.custom({ type: "rows", seq: i + 2, base: i + 1, full: false, threads: keyed([changed]) });
+    else model.set("threads", rows);
     await new Promise((resolve) => queueMicrotask(resolve));
     void el.getBoundingClientRect().height;  // style and layout, as the frame would need them
     void document.body.offsetHeight;
@@ -76,7 +89,7 @@ window.run = async (state, updates, expand) => {
   }
   cleanup();
   el.remove();
-  return { times, drawn };
+  return { times, drawn, byDifference };
 };
 window.ready = true;
 </script></body></html>"""

@@ -14,6 +14,9 @@ from typing import Any
 from helpers import Kernel, wait_until
 from jupyter_client.jsonutil import json_default
 
+from nbcoord.ui.rows import drawn_order
+from nbcoord.ui.rowsync import KEYS, MESSAGE_TYPE, TRAITS
+
 REPO = Path(__file__).resolve().parents[1]
 INTERVAL = 0.2
 
@@ -44,6 +47,48 @@ p = nbcoord.panel()
 controller = nbcoord._extension.panel_controller()
 p
 """
+
+
+class RowsView:
+    """The rows as a view keeps them (js/src/panel/rows.js, in Python): keyed, sorted by the kernel's key, a
+    difference applied only onto its base. ``gaps`` counts the differences it could not apply (the module would
+    ask for every row then)."""
+
+    def __init__(self) -> None:
+        self.seq: int | None = None
+        self.maps: dict[str, dict[str, dict[str, Any]]] = {trait: {} for trait in KEYS}
+        self.lists: dict[str, list[Any]] = {}
+        self.gaps = 0
+
+    def apply(self, message: dict[str, Any]) -> None:
+        if self.seq is not None and message["seq"] <= self.seq:
+            return
+        if not message["full"] and message["base"] != self.seq:
+            self.gaps += 1
+            return
+        for trait in TRAITS:
+            part = message.get(trait)
+            if part is None and not message["full"]:
+                continue
+            key = KEYS.get(trait)
+            if key is None:
+                self.lists[trait] = part or []
+                continue
+            rows = self.maps[trait]
+            if message["full"]:
+                rows.clear()
+            for k in part["remove"]:
+                rows.pop(k, None)
+            rows.update((row[key], row) for row in part["upsert"])
+            self.lists[trait] = sorted(rows.values(), key=drawn_order(key))
+        self.seq = message["seq"]
+
+
+def rows_message(msg: dict[str, Any]) -> dict[str, Any] | None:
+    """The rows message a comm message carries (nbcoord.ui.rowsync), or None."""
+    data = msg["content"].get("data", {})
+    content = data.get("content") if msg["msg_type"] == "comm_msg" and data.get("method") == "custom" else None
+    return content if isinstance(content, dict) and content.get("type") == MESSAGE_TYPE else None
 
 
 def _lenient_pack(obj: object) -> bytes:
@@ -138,9 +183,11 @@ class PanelKernel:
         return text in self.streams.get(msg_id, "")
 
     def state(self) -> dict[str, Any]:
-        """The widget's state as the front end has it: comm_open's state, then every update, in order."""
+        """The widget's state as the front end has it: comm_open's state, then every update, in order, and the rows
+        as a view that was there from the start has them (:class:`RowsView`)."""
         self.pump()
         state: dict[str, Any] = {}
+        rows = RowsView()
         for _, msg in self.comm_msgs:
             content = msg["content"]
             if content.get("comm_id") != self.comm_id:
@@ -148,7 +195,20 @@ class PanelKernel:
             data = content.get("data", {})
             if msg["msg_type"] == "comm_open" or data.get("method") == "update":
                 state.update(data.get("state", {}))
+            elif (message := rows_message(msg)) is not None:
+                rows.apply(message)
+        assert rows.gaps == 0, f"{rows.gaps} rows messages did not follow the one before"
+        state.update(rows.lists)
         return state
+
+    def rows_messages(self, since: float = 0.0) -> list[tuple[float, dict[str, Any]]]:
+        """The rows messages of this panel received since ``since`` (``time.time()``), with when."""
+        self.pump()
+        return [
+            (at, message)
+            for at, msg in self.comm_msgs
+            if at >= since and msg["content"].get("comm_id") == self.comm_id and (message := rows_message(msg))
+        ]
 
     def updates_until(self, until: float) -> list[dict[str, Any]]:
         return [
@@ -161,15 +221,17 @@ class PanelKernel:
         ]
 
     def updates_since(self, since: float) -> list[dict[str, Any]]:
+        """The trait updates since ``since``, and each rows message as the sections it brings (its parts)."""
         self.pump()
-        return [
-            msg["content"]["data"]["state"]
-            for at, msg in self.comm_msgs
-            if at >= since
-            and msg["msg_type"] == "comm_msg"
-            and msg["content"].get("comm_id") == self.comm_id
-            and msg["content"]["data"].get("method") == "update"
-        ]
+        updates = []
+        for at, msg in self.comm_msgs:
+            if at < since or msg["msg_type"] != "comm_msg" or msg["content"].get("comm_id") != self.comm_id:
+                continue
+            if msg["content"]["data"].get("method") == "update":
+                updates.append(msg["content"]["data"]["state"])
+            elif (message := rows_message(msg)) is not None:
+                updates.append({trait: message[trait] for trait in TRAITS if trait in message})
+        return updates
 
     def send(
         self, command: dict[str, Any], comm_id: str | None = None, method: str = "custom", subshell_id: str = ""

@@ -804,3 +804,86 @@ def test_a_reloaded_page_keeps_the_panel_working_without_subshell_warnings(
     log = jupyter_server.log.read_text(errors="replace")
     assert "Unknown subshell_id" not in log, [line for line in log.splitlines() if "subshell" in line]
     notebook.wait_done(1, timeout=60)
+
+
+CHURN_SETUP = """%load_ext nbcoord
+%nbcoord config panel_interval=0.25
+import json, random, threading, time
+import nbcoord
+nbcoord.panel()"""
+# Starts, ends and renames threads at random for 30 s; at most 40 at a time, so that one group draws every row.
+CHURN = """rnd = random.Random(26)
+live = {}
+n = 0
+end = time.monotonic() + 30
+while time.monotonic() < end:
+    op = rnd.random()
+    if len(live) < 5 or (op < 0.4 and len(live) < 40):
+        ev = threading.Event()
+        t = threading.Thread(target=ev.wait, name=f"rnd-{n}", daemon=True)
+        t.start()
+        live[t] = ev
+    elif op < 0.7:
+        t = rnd.choice(list(live))
+        live.pop(t).set()
+        t.join()
+    else:
+        rnd.choice(list(live)).name = f"rnd-{n}-renamed"
+    n += 1
+    time.sleep(rnd.uniform(0.005, 0.1))
+print("churned", n, flush=True)"""
+# The kernel's snapshot once it has caught up with the threads' names (its monitor reads them every second).
+CHURN_SNAPSHOT = """def _ours():
+    return {r["tid"]: r["name"] for r in nbcoord.snapshot()["threads"]
+            if r["alive"] and r["user"] and r["name"].startswith("rnd-")}
+_end = time.monotonic() + 15
+while sorted(_ours().values()) != sorted(t.name for t in live) and time.monotonic() < _end:
+    time.sleep(0.1)
+_rows = nbcoord._extension.panel_controller()._traits.rows
+print("@@" + json.dumps({"rows": _ours(), "seq": _rows.seq, "full": _rows.full_copies}))"""
+
+
+def test_rows_changed_at_random_for_30_s_end_as_the_kernels_snapshot(open_notebook: Any) -> None:
+    """Issue 26, point 4: the rows go by difference; after 30 s of threads started, ended and renamed at random,
+    the browser's rows are the kernel's, by tid and name, in both views (a second view opened meanwhile)."""
+    notebook = open_notebook("lab", [CHURN_SETUP, CHURN, "nbcoord.panel()  # a second view", CHURN_SNAPSHOT])
+    notebook.run(0)
+    notebook.wait_done(0)
+    notebook.panel.wait_for(timeout=60_000)
+    notebook.run(1)
+    row(notebook, "rnd-").first.wait_for(timeout=15_000)
+    notebook.run(2)  # runs after the churn: the second view opens on a panel that has sent many differences
+    notebook.wait_done(1, timeout=90)
+    notebook.wait_done(2)
+    notebook.run(3)
+    notebook.wait_done(3)
+    printed = str(notebook.output(3, "@@").text_content()).strip()
+    kernel = json.loads(printed[printed.index("@@") + 2 :])
+    expected: dict[str, str] = kernel["rows"]
+    assert len(expected) >= 5, kernel
+    # Differences, not full copies, carried the churn (one full copy per view that opened, and the first).
+    assert kernel["seq"] - kernel["full"] > 30 and kernel["full"] <= 4, kernel
+    wait_until(lambda: notebook.views.count() == 2, 15, 0.05, "the second view")
+    for index in range(2):
+        view = notebook.views.nth(index)
+
+        def drawn(view: Any = view) -> dict[str, str]:
+            return {tid: name for tid, name in drawn_rows_of(view).items() if name.startswith("rnd-")}
+
+        try:
+            wait_until(lambda: drawn() == expected, 15, 0.1, f"view {index}'s rows to be the kernel's")
+        except AssertionError as exc:
+            shown = drawn()
+            missing = {t: n for t, n in expected.items() if shown.get(t) != n}
+            extra = {t: n for t, n in shown.items() if expected.get(t) != n}
+            raise AssertionError(f"{exc}: missing or different {missing}; extra or different {extra}") from None
+
+
+def drawn_rows_of(view: Any) -> dict[str, str]:
+    """A view's thread rows: tid -> the name it shows."""
+    return dict(
+        view.evaluate(
+            """(root) => [...root.querySelectorAll('.nbc-row[data-tid]')].map(
+                (n) => [n.dataset.tid, n.querySelector('.nbc-name').textContent])"""
+        )
+    )

@@ -63,6 +63,7 @@ class FakeModel {
     this.trigger(`change:${name}`);
   }
   trigger(event) { for (const cb of this.listeners.get(event) || []) cb(); }
+  custom(content) { for (const cb of this.listeners.get("msg:custom") || []) cb(structuredClone(content), []); }
   on(event, cb) {
     if (!this.listeners.has(event)) this.listeners.set(event, []);
     this.listeners.get(event).push(cb);
@@ -505,6 +506,58 @@ def test_an_update_touches_only_the_rows_that_changed(page: Any) -> None:
     assert "idle 30 s" in page.locator(".nbc-row[data-tid=t7]").inner_text()
 
 
+
+def rows_message(page: Any, message: dict[str, Any]) -> None:
+    """A rows message from the kernel (nbcoord.ui.rowsync), and the view's redraw after it."""
+    page.evaluate("(m) => window.model.custom(m)", message)
+    page.evaluate("new Promise((resolve) => queueMicrotask(resolve))")
+
+
+def drawn_tids(page: Any) -> list[str]:
+    return list(page.evaluate("[...document.querySelectorAll('.nbc-row[data-tid]')].map((n) => n.dataset.tid)"))
+
+
+def test_rows_come_by_difference_keyed_sorted_and_a_view_that_missed_one_asks_for_every_row(page: Any) -> None:
+    mount(page, base_state())
+    assert [c["action"] for c in commands(page, "view")] == ["open"]  # opening asks for every row
+    group = {"key": "c2", "cell": 2, "threads": 3, "items": 0}
+    # The order is not sent: zombies first, then by cell, then by start, then by tid (nbcoord.ui.rows.drawn_order).
+    everything = [thread("t9", "late", 2, started_at=NOW - 5), thread("t4", "early", 2, started_at=NOW - 50),
+                  thread("t5", "tied", 2, started_at=NOW - 5), thread("t7", "stuck", 4, zombie="stop-ignored")]
+    full = {"type": "rows", "seq": 5, "base": None, "full": True, "threads": {"upsert": everything, "remove": []},
+            "ledger": {"upsert": [], "remove": []}, "groups": [{"key": "zombies", "cell": None, "threads": 1,
+            "items": 0}, group], "cells": []}  # fmt: skip
+    rows_message(page, full)
+    assert drawn_tids(page) == ["t7", "t4", "t5", "t9"]  # the model's rows are gone: the kernel's copy rules
+    page.evaluate("for (const n of document.querySelectorAll('.nbc-row')) n.dataset.mark = '1'")
+    renamed = {**everything[0], "name": "renamed"}
+    rows_message(page, {"type": "rows", "seq": 6, "base": 5, "full": False,
+                        "threads": {"upsert": [renamed], "remove": ["t4"]}})  # fmt: skip
+    assert drawn_tids(page) == ["t7", "t5", "t9"]
+    assert page.locator(".nbc-row[data-tid=t9] .nbc-name").text_content() == "renamed"
+    assert page.evaluate("document.querySelectorAll('.nbc-row:not([data-mark])').length") == 0  # none rebuilt
+    # A difference that does not follow (seq 7 missed) is not applied: the view asks for every row, once.
+    gap = {"type": "rows", "seq": 8, "base": 7, "full": False, "threads": {"upsert": [], "remove": ["t9"]}}
+    rows_message(page, gap)
+    rows_message(page, {**gap, "seq": 9, "base": 8})
+    assert drawn_tids(page) == ["t7", "t5", "t9"]
+    assert [c["action"] for c in commands(page, "view")] == ["open", "rows"]
+    page.clock.run_for(5_100)  # no full copy came: it asks again
+    rows_message(page, {**gap, "seq": 10, "base": 9})
+    assert [c["action"] for c in commands(page, "view")] == ["open", "rows", "rows"]
+    # Malformed messages are ignored whole (never half applied); an old one is a no-op.
+    for bad in ({"type": "rows", "seq": 11, "base": 6, "full": False, "threads": {"upsert": "t5", "remove": []}},
+                {"type": "rows", "seq": -1, "full": True}, {"type": "rows", "seq": 11, "base": 6, "full": False,
+                "threads": {"upsert": [{"tid": 5}], "remove": []}}, {**full, "seq": 3}):  # fmt: skip
+        rows_message(page, bad)
+    assert drawn_tids(page) == ["t7", "t5", "t9"]
+    # The full copy it asked for replaces everything, whatever came before.
+    rows_message(page, {**full, "seq": 12, "threads": {"upsert": [renamed], "remove": []}})
+    assert drawn_tids(page) == ["t9"]
+    rows_message(page, {"type": "rows", "seq": 13, "base": 12, "full": False, "groups": [group]})
+    assert "3 threads" in page.locator(".nbc-group[data-group=c2] .nbc-ghead").inner_text()
+    assert [c["action"] for c in commands(page, "view")] == ["open", "rows", "rows"]
+
 # ----------------------------------------------------------------------------------------------- stops
 def test_stop_all_interrupts_and_stop_background_work_does_not(page: Any) -> None:
     mount(page, base_state())
@@ -871,6 +924,18 @@ def test_the_section_registry_draws_every_trait_the_widget_syncs() -> None:
     names = [name for name, _ in registry["sections"]]
     assert len(names) == len(set(names)), names
 
+
+
+def test_the_rows_sections_and_their_keys_are_the_kernels() -> None:
+    # The rows travel by difference (nbcoord.ui.rowsync): the module keys them as the registry does.
+    from nbcoord.ui import rowsync
+
+    script = (
+        f"import({json.dumps((JS / 'src' / 'panel' / 'rows.js').as_uri())}).then((m) => console.log("
+        "JSON.stringify({traits: m.ROWS_TRAITS, keys: m.KEYS})))"
+    )
+    out = subprocess.run(["node", "-e", script], capture_output=True, text=True, timeout=60, check=True, cwd=REPO)
+    assert json.loads(out.stdout) == {"traits": list(rowsync.TRAITS), "keys": rowsync.KEYS}
 
 # -------------------------------------------------------------------------------------------- the server page
 FLEET_HARNESS = """<!doctype html>

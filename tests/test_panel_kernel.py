@@ -30,7 +30,7 @@ import psutil
 import pytest
 from helpers import wait_until
 from interpreters import IK6
-from panel_support import INTERVAL, SETUP, PanelKernel, click, reported
+from panel_support import INTERVAL, SETUP, PanelKernel, RowsView, click, reported, rows_message
 
 from nbcoord.ui import commands as _panel_commands
 from nbcoord.ui import history as _ui_history
@@ -612,8 +612,13 @@ def test_rows_held_back_for_their_size_go_out_when_their_wait_is_over_not_at_the
     pk.run("for t in burst:\n    t.start()")
 
     def updates() -> list[tuple[float, dict[str, Any]]]:
+        """The trait updates and the rows messages since the burst began, in the order they came."""
         pk.pump()
-        return [(at, msg["content"]["data"]["state"]) for at, msg in pk.comm_msgs if at >= since]
+        return [
+            (at, msg["content"]["data"].get("state", message))
+            for at, msg in pk.comm_msgs
+            if at >= since and ("state" in msg["content"]["data"] or (message := rows_message(msg)) is not None)
+        ]
 
     def first(condition: Callable[[dict[str, Any]], bool]) -> tuple[float, dict[str, Any]] | None:
         return next(((at, state) for at, state in updates() if condition(state)), None)
@@ -627,9 +632,14 @@ def test_rows_held_back_for_their_size_go_out_when_their_wait_is_over_not_at_the
         groups = [(round(at - since, 2), s["groups"]) for at, s in updates() if "groups" in s]
         raise AssertionError(f"{exc}; {before} threads before; header counts {heads}; groups {groups}") from None
     assert counted is not None and grouped is not None
-    assert "threads" in grouped[1]  # the rows with their groups, in one message
+    assert "threads" in grouped[1]  # the rows with their groups, in one message: the view then has every row
+    view = RowsView()
+    for at, message in pk.rows_messages():
+        if at <= grouped[0]:
+            view.apply(message)
+    assert sum(row["name"].startswith("burst-") for row in view.lists["threads"]) == 1000
     tick = pk.value("controller._wait()")
-    rows = pk.value("controller._sent_size['threads']")
+    rows = len(_panel_sender.to_json(grouped[1]))
     wait = INTERVAL * rows / _panel_sender.BYTES_PER_INTERVAL  # how long rows this big wait after the last rows
     late = grouped[0] - counted[0]
     # Held to the next tick, they would come a tick late (6.4 s here); where ticks come sooner than the rows' wait
@@ -639,6 +649,95 @@ def test_rows_held_back_for_their_size_go_out_when_their_wait_is_over_not_at_the
         f"the ticks are {tick} s apart"
     )
     pk.run("nbcoord.stop_all()")
+
+
+#: The most a rows message may weigh for one changed row at 1000 threads (issue 26, point 4).
+ONE_ROW_BYTES = 5 * 1024
+
+
+@pytest.mark.kernel
+def test_one_row_changed_at_a_thousand_threads_sends_that_row_and_a_view_that_asks_gets_every_row_once(
+    pk: PanelKernel,
+) -> None:
+    """1000 threads that wait on an Event: one renamed, one ended, each costs a rows message of a few hundred
+    bytes (the whole list is about 245 KB); a view that asks for every row gets one full copy."""
+    pk.run("nbcoord.stop_all()")  # no threads of earlier tests: 1001 rows, all sent (MAX_THREAD_ROWS)
+    pk.open_view()
+    wait_until(lambda: pk.value("controller.watched()"), 10, what="the view to be seen")
+    pk.run(
+        "diff_hold, diff_end = threading.Event(), threading.Event()\n"
+        "diff_threads = [threading.Thread(target=diff_hold.wait, name=f'diff-{i}', daemon=True) for i in range(1000)]\n"
+        "diff_threads.append(threading.Thread(target=diff_end.wait, name='diff-last', daemon=True))\n"
+        "for t in diff_threads:\n    t.start()"
+    )
+    try:
+        _one_row_and_every_row(pk)
+    finally:
+        pk.run("diff_hold.set(); diff_end.set()")
+
+
+def _first_rows(
+    pk: PanelKernel, since: float, condition: Callable[[dict[str, Any]], bool], what: str
+) -> tuple[float, dict[str, Any]]:
+    """The first rows message since ``since`` that meets ``condition``, and when it came."""
+    found = wait_until(lambda: next(((a, m) for a, m in pk.rows_messages(since) if condition(m)), None), 15, 0.05, what)
+    assert found is not None
+    return found
+
+
+def _renamed(message: dict[str, Any]) -> bool:
+    return any(r["name"] == "diff-renamed" for r in message.get("threads", {}).get("upsert", []))
+
+
+def _removed(message: dict[str, Any]) -> bool:
+    return bool(message.get("threads", {}).get("remove"))
+
+
+def _one_row_and_every_row(pk: PanelKernel) -> None:
+    def ours() -> list[dict[str, Any]]:
+        return [r for r in pk.state().get("threads", []) if r["name"].startswith("diff-")]
+
+    def settled() -> bool:
+        # New threads count as active for their first seconds, then turn idle once: wait until all have.
+        rows = ours()
+        return len(rows) == 1001 and all(r["last_active"] is not None for r in rows)
+
+    wait_until(settled, 60, 0.2, "the 1001 threads, idle, in the panel")
+    tick = pk.value("controller._wait()")  # read before: running a cell is a change (the cells name the running one)
+
+    def quiet() -> bool:
+        messages = pk.rows_messages()
+        return not messages or time.time() - messages[-1][0] > 3 * tick
+
+    wait_until(quiet, 60, 0.2, "the rows to settle")
+    whole = len(_panel_sender.to_json(pk.state()["threads"]))
+    for change, code, seen in (
+        ("renamed", "diff_threads[500].name = 'diff-renamed'", _renamed),
+        ("ended", "diff_end.set(); diff_threads[-1].join(5)", _removed),
+    ):
+        since = time.time()
+        pk.run(code)
+        at, message = _first_rows(pk, since, seen, f"the {change} row")
+        sizes = [(m["seq"], m["full"], len(_panel_sender.to_json(m))) for a, m in pk.rows_messages(since) if a <= at]
+        assert all(not full and size <= ONE_ROW_BYTES for _, full, size in sizes), (change, sizes, whole)
+        assert len(message["threads"]["upsert"]) + len(message["threads"]["remove"]) == 1, message
+    assert whole > 100 * 1024  # what one change cost as a whole trait
+    names = {r["name"] for r in ours()}
+    assert "diff-renamed" in names and "diff-last" not in names and len(names) == 1000
+
+    # A view that asks for every row gets them, once.
+    copies = pk.value("controller._traits.rows.full_copies")
+    since = time.time()
+    view = f"view{uuid.uuid4().hex[:8]}"
+    pk.send({"type": "view", "view_id": view, "action": "rows", "click_id": f"{view}-1"})
+    _, full = _first_rows(pk, since, lambda m: bool(m["full"]), "the full copy")
+    assert {r["tid"] for r in full["threads"]["upsert"]} == {r["tid"] for r in pk.state()["threads"]}
+    assert {r["name"] for r in full["threads"]["upsert"]} >= names
+    assert full["base"] is None and {"groups", "cells", "ledger"} <= set(full)
+    tick = pk.value("controller._wait()")
+    wait_until(lambda: time.time() - since > 3 * tick, 30, 0.1)
+    assert [m["seq"] for _, m in pk.rows_messages(since) if m["full"]] == [full["seq"]]
+    assert pk.value("controller._traits.rows.full_copies") == copies + 1
 
 
 # ------------------------------------------------------------------------------ fast tier: no kernel process

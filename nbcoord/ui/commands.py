@@ -67,7 +67,8 @@ _ID: Final = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 _SESSION_ID: Final = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 _CLICK_ID: Final = re.compile(r"([A-Za-z0-9_.:]{1,48})-([0-9]{1,15})")
 _STOP_SCOPES: Final = frozenset({"all", "cell", "thread", "zombies"})
-_VIEW_ACTIONS: Final = frozenset({"open", "alive", "close"})
+#: A view's presence (open, alive, close), and its request for every row (rows: it missed a difference).
+_VIEW_ACTIONS: Final = frozenset({"open", "alive", "close", "rows"})
 _KEYS: Final = {
     "stop": frozenset({"type", "click_id", "scope", "cell", "tid", "force", "interrupt", "clicked_at"}),
     "stack": frozenset({"type", "click_id", "tid", "clicked_at"}),
@@ -177,7 +178,7 @@ def parse_command(
         raise Rejected("click_id must be <view id>-<number>")
     clicked_at = _optional_time(content, "clicked_at")
     if kind == "view":
-        action = _one_of(content, "action", _VIEW_ACTIONS, "view action must be open, alive or close")
+        action = _one_of(content, "action", _VIEW_ACTIONS, "view action must be open, alive, close or rows")
         return Command(
             "view",
             click_id,

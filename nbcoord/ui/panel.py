@@ -382,6 +382,8 @@ class PanelController:
                     "client_time": command.client_time,
                     "kernel_time": time.time(),
                 }
+        if command.action in ("open", "rows"):
+            self._traits.want_rows()  # a view that opens, or missed a rows message, gets every row once
         if not renewal:
             self._sender.wake()
 

@@ -67,6 +67,23 @@ def ledger_row(row: LedgerRow) -> dict[str, Any]:
     }
 
 
+def drawn_order(key: str) -> Callable[[Mapping[str, Any]], tuple[int, int, float, str]]:
+    """The order rows are drawn in, from the fields sent (the order itself is not sent, see :mod:`.rowsync`): the
+    kernel's (zombies first, then by cell, then by start), ties (a start rounded to 10 ms) broken by the row's key.
+    The front end sorts by the same key (``js/src/panel/rows.js``)."""
+
+    def order(row: Mapping[str, Any]) -> tuple[int, int, float, str]:
+        cell, started = row.get("cell"), row.get("started_at")
+        return (
+            0 if row.get("zombie") else 1,
+            cell if isinstance(cell, int) else 1 << 30,
+            float(started) if isinstance(started, (int, float)) else 0.0,
+            str(row.get(key)),
+        )
+
+    return order
+
+
 def group_key(row: Mapping[str, Any]) -> str:
     """The group a row is drawn in: the zombies, its cell, or "none" (not started by a cell)."""
     if row.get("zombie"):
@@ -130,13 +147,13 @@ def shape_header(s: Shaping) -> dict[str, Any]:
 
 
 def shape_threads(s: Shaping) -> list[dict[str, Any]]:
-    """The thread rows sent."""
-    return [thread_row(r, s.snapshot["taken_at"]) for r in s.shown]
+    """The thread rows sent, in the order the front end draws them."""
+    return sorted((thread_row(r, s.snapshot["taken_at"]) for r in s.shown), key=drawn_order("tid"))
 
 
 def shape_ledger(s: Shaping) -> list[dict[str, Any]]:
-    """The ledger rows sent."""
-    return [ledger_row(r) for r in s.ledger_shown]
+    """The ledger rows sent, in the order the front end draws them."""
+    return sorted((ledger_row(r) for r in s.ledger_shown), key=drawn_order("id"))
 
 
 def shape_groups(s: Shaping) -> list[dict[str, Any]]:

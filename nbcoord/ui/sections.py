@@ -31,8 +31,9 @@ from nbcoord.ui.source import Shaping
 Kind = Literal["list", "dict", "optional"]
 #: How the sender sends it:
 #: ``paced``: when it changed; a big one at most every ``size / BYTES_PER_INTERVAL`` intervals;
-#: ``rows``: paced, and held back together with the other ``rows`` traits, so that a view never shows a group's
-#: count with another moment's rows;
+#: ``rows``: not a synced trait: sent with the other ``rows`` sections in one custom message, by difference
+#: (:mod:`nbcoord.ui.rowsync`), so that a view never shows a group's count with another moment's rows, and one
+#: changed row out of 1000 costs that row, not the list;
 #: ``answer``: a one-off answer to a view (set through the controller's pending traits), sent with the next tick
 #: whatever it is;
 #: ``at once``: sent at once from the command thread, whatever the sender thread is doing.
@@ -49,12 +50,15 @@ class Section:
     #: The trait's value from one snapshot; None: set by the controller (see the module docstring).
     shape: Callable[[Shaping], Any] | None = None
     doc: str = ""
+    #: ``rows`` sections only: the field that keys each row, so that a change sends the rows that changed (and
+    #: the keys removed); None: the whole list, when it changed (a few dozen groups or cells).
+    key: str | None = None
 
 
 SECTIONS: Final = (
     Section("header", "dict", shape=shape_header),
-    Section("threads", "list", "rows", shape_threads),
-    Section("ledger", "list", "rows", shape_ledger),
+    Section("threads", "list", "rows", shape_threads, key="tid"),
+    Section("ledger", "list", "rows", shape_ledger, key="id"),
     Section("groups", "list", "rows", shape_groups),
     Section("cells", "list", "rows", shape_cells),
     Section("cell_memory", "list", shape=shape_cell_memory),
@@ -78,9 +82,10 @@ SECTIONS: Final = (
     ),
 )
 
-#: Every synced trait but ``_esm`` and ``_fast_route``: what the front end listens to.
+#: Every section's trait (``_esm`` and ``_fast_route`` aside): what the front end draws from. All are synced but
+#: the ``rows`` sections, which travel in the rows message.
 STATE_TRAITS: Final = tuple(section.trait for section in SECTIONS)
-#: Traits that go together: when one is held back (too big to send this often), so are the others.
-TOGETHER: Final = (frozenset(section.trait for section in SECTIONS if section.pacing == "rows"),)
+#: The sections sent together, by difference, in one custom message: the rows and what counts them.
+ROWS: Final = tuple(section for section in SECTIONS if section.pacing == "rows")
 #: The sections shaped from a snapshot, in the registry's order.
 SHAPED: Final = tuple(section for section in SECTIONS if section.shape is not None)

@@ -6,9 +6,11 @@ while someone watches, parked (no cost) while nobody does, and at the monitor's 
 Python values (cheaper than encoding 1000 rows every tick), and a big trait that changes all the time is sent at most
 every ``size / BYTES_PER_INTERVAL`` intervals, so that 1000 busy threads cannot turn the panel into a firehose. A trait
 held back is sent, as that tick built it, once its wait is over: not at the next tick, which may be many seconds away
-while ticks are expensive (the header would count 1000 new threads that the list does not show meanwhile). One lock
-serialises every send to the widget: the sender's ticks, the held traits and the acknowledgements of clicks, which go
-out at once from the command thread.
+while ticks are expensive (the header would count 1000 new threads that the list does not show meanwhile). The
+sections paced ``rows`` (threads, ledger, groups, cells) are no traits: :class:`nbcoord.ui.rowsync.RowsSender` sends
+them by difference, in one custom message per change, paced the same way. One lock serialises every send to the
+widget: the sender's ticks, the held traits and rows, and the acknowledgements of clicks, which go out at once from
+the command thread.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from nbcoord.core.monitor import QUIET_INTERVAL_S, Monitor
-from nbcoord.ui import sections
+from nbcoord.ui import rowsync
 
 log = logging.getLogger("nbcoord")
 
@@ -29,9 +31,6 @@ log = logging.getLogger("nbcoord")
 SENDER_JOB: Final = "panel"
 #: A trait larger than this is sent at most every (size / this) intervals.
 BYTES_PER_INTERVAL: Final = 64 * 1024
-#: Traits that go together (the sections paced as ``rows``): when one is held back (too big to send this often), so
-#: are the others, so that a view never shows a group's count with another moment's rows.
-TOGETHER: Final = sections.TOGETHER
 
 
 def to_json(value: Any) -> str:
@@ -129,10 +128,22 @@ class TraitSender:
         self.widget = widget
         self._lock = threading.Lock()  # guards the widget's sends and the three dicts below
         self.sent: dict[str, Any] = dict(initial)
-        self.sizes: dict[str, int] = {key: len(to_json(value)) for key, value in initial.items()}
+        # The rows sections' sizes are the rows messages' (``rows.last_size``, ``rows.full_size``).
+        self.sizes: dict[str, int] = {
+            key: len(to_json(value)) for key, value in initial.items() if key not in rowsync.TRAITS
+        }
         self._sent_at: dict[str, float] = {}
         #: Traits a tick held back (too big to send again so soon): key -> (value, its size, when it may go out).
         self._held: dict[str, tuple[Any, int, float]] = {}
+        #: The rows sections, by difference (under ``_lock`` too).
+        self.rows = rowsync.RowsSender(
+            self._send_rows, lambda message: len(to_json(message)), self._rows_sent, BYTES_PER_INTERVAL
+        )
+
+    def want_rows(self) -> None:
+        """A view asked for every row (it opened, or missed a difference): the next rows message is a full copy."""
+        with self._lock:
+            self.rows.want_full()
 
     @property
     def sent_at(self) -> dict[str, float]:
@@ -149,7 +160,12 @@ class TraitSender:
             changed: dict[str, tuple[Any, int]] = {}
             held: dict[str, float] = {}  # key -> when it may go out
             sizes: dict[str, int] = {}
+            rows = {key: state[key] for key in rowsync.TRAITS if key in state}
+            if rows and getattr(self.widget, "comm", None) is not None:
+                self.rows.offer(rows, now, interval)
             for key, value in state.items():
+                if key in rows:
+                    continue
                 self._held.pop(key, None)  # this state is newer than what was held
                 if key not in force and key in self.sent and value == self.sent[key]:
                     continue
@@ -160,20 +176,15 @@ class TraitSender:
                     held[key] = due  # a big trait that changes all the time: sent less often
                     continue
                 changed[key] = (value, size)
-            for together in TOGETHER:
-                if held.keys() & together:
-                    due = max(held[key] for key in held.keys() & together)
-                    for key in together - set(force):
-                        if key in held or key in changed:
-                            held[key] = due
-                            changed.pop(key, None)
             self._held.update((key, (state[key], sizes[key], due)) for key, due in held.items())
             self._set(changed, now)
 
     def held_due(self) -> float | None:
         """When the next held trait may go out (``now``'s clock), or None if none is held."""
         with self._lock:
-            return min((due for _, _, due in self._held.values()), default=None)
+            dues = [due for _, _, due in self._held.values()]
+            rows = self.rows.held_due()
+            return min(dues if rows is None else [*dues, rows], default=None)
 
     def send_held(self, now: float) -> None:
         """Send the held traits that are due, as the tick that held them built them, in one message."""
@@ -182,6 +193,8 @@ class TraitSender:
             for key in due:
                 del self._held[key]
             self._set(due, now)
+            if getattr(self.widget, "comm", None) is not None:
+                self.rows.send_held(now)
 
     def _set(self, changed: Mapping[str, tuple[Any, int]], now: float) -> None:
         """Set ``changed`` (key -> value and its size) on the widget in one message (under ``_lock``)."""
@@ -197,3 +210,13 @@ class TraitSender:
     def send_now(self, key: str, value: Any, now: float) -> None:
         """Send one small trait at once (a click's acknowledgement), whatever the sender thread is doing."""
         self.send({key: value}, now, 0.0, frozenset({key}))
+
+    def _send_rows(self, message: dict[str, Any]) -> None:
+        """One rows message to every view (under ``_lock``)."""
+        self.widget.send(message)
+
+    def _rows_sent(self, rows: Mapping[str, Any]) -> None:
+        """The rows every view in step now has: the widget's kernel-side copy (no synced trait: nothing is sent)."""
+        for key, value in rows.items():
+            setattr(self.widget, key, value)
+            self.sent[key] = value

@@ -1,6 +1,8 @@
 """The panel's widget: an AnyWidget whose traits are the state, set by the kernel only.
 
-Traits are the state; custom messages are only for commands (a click). The front end cannot write the state
+Traits are the state; custom messages are for commands (a click), and for the rows (threads, ledger, groups,
+cells), which go by difference in one message per change (:mod:`nbcoord.ui.rowsync`): a view that opens asks for
+them, so no state is lost to a message sent before a view existed. The front end cannot write the state
 (:meth:`NBCoordPanel.set_state` refuses it). Without a widget front end (nbconvert, a terminal) the widget shows
 as the ``%nbcoord`` text report.
 """
@@ -22,7 +24,8 @@ log = logging.getLogger("nbcoord")
 #: A front end can send state updates as fast as it likes: a few lines a minute, keys cut short.
 _log_refused_state = RateLimited(logging.WARNING, burst=5, window=60.0)
 
-#: Every synced trait but ``_esm`` and ``_fast_route``: what the front end listens to (one per registered section).
+#: Every section's trait (``_esm`` and ``_fast_route`` aside): what the front end draws (one per registered section;
+#: the ``rows`` sections' are not synced).
 STATE_TRAITS: Final = sections.STATE_TRAITS
 
 
@@ -44,12 +47,14 @@ def _read_esm() -> str:
 
 
 def _trait(section: sections.Section) -> Any:
-    """The synced trait of a registered section, of its kind."""
+    """The trait of a registered section, of its kind: synced, but for the ``rows`` sections, which travel by
+    difference in the rows message (:mod:`nbcoord.ui.rowsync`) and are kept here as the views have them."""
+    sync = section.pacing != "rows"
     if section.kind == "list":
-        return traitlets.List(help=section.doc).tag(sync=True)
+        return traitlets.List(help=section.doc).tag(sync=sync)
     if section.kind == "optional":
-        return traitlets.Dict(allow_none=True, default_value=None, help=section.doc).tag(sync=True)
-    return traitlets.Dict(help=section.doc).tag(sync=True)
+        return traitlets.Dict(allow_none=True, default_value=None, help=section.doc).tag(sync=sync)
+    return traitlets.Dict(help=section.doc).tag(sync=sync)
 
 
 class NBCoordPanel(anywidget.AnyWidget):

@@ -2,8 +2,9 @@
 /**
  * nbcoord's live panel: the front end of nbcoord.ui.widget.NBCoordPanel (anywidget).
  *
- * State arrives in traits set by the kernel (header, threads, ledger, groups, cells, cell_memory, sessions,
- * queues, blocked, resources, failures, history, last_stop, outcome, stack, clock, beat, ack); this module only
+ * State arrives in traits set by the kernel (header, cell_memory, sessions, queues, blocked, resources, failures,
+ * history, last_stop, outcome, stack, clock, beat, ack), and the rows (threads, ledger, groups, cells) by difference
+ * in one "rows" message per change (rows.js: a view that opens or misses one asks for every row); this module only
  * draws it and sends commands (stop, restart, reclaim, stack, view), each with a click id. Every string from the
  * kernel is set with textContent, after control and bidirectional characters are shown escaped (`safe`):
  * nothing from the kernel is ever parsed as HTML, and no name can reorder the text around it. Names arrive cut

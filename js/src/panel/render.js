@@ -7,6 +7,7 @@
 import { duration, h, isNum } from "../shared/text.js";
 import { setText } from "./dom.js";
 import { fleetUrl, kernelOf, newViewId, sendCommand } from "./kernel.js";
+import { applyRows, rowStore, rowValue } from "./rows.js";
 import { SECTIONS, SECTIONS_OF, TRAITS } from "./sections.js";
 import { CSS } from "./style.js";
 import { ACK_MS } from "./view.js";
@@ -20,6 +21,8 @@ const ALL_SECTIONS = SECTIONS.map((section) => section.name);
 
 /** The kernel forgets a view that has not renewed for 60 s (nbcoord.ui.panel.VIEW_LEASE_S). */
 const RENEW_MS = 20000;
+/** A view that asked for every row and got no full copy this long after asks again. */
+const ASK_ROWS_MS = 5000;
 const TICK_MS = 1000;
 
 /**
@@ -52,7 +55,13 @@ export function render({ model, el }) {
     fleet: null,
     /** @type {{at: number, why: string} | null} set once the kernel of this view is gone */
     stale: null,
+    /** @type {number | null} when this view last asked for every row (null: it has them) */
+    rowsAsked: null,
+    /** whether a malformed rows message was reported (once per view) */
+    badRows: false,
   };
+  /** The rows sections as the kernel's rows messages left them (rows.js). */
+  const rows = rowStore();
 
   const root = h("div", "nbc");
   root.setAttribute("data-nbcoord", "panel");
@@ -61,7 +70,7 @@ export function render({ model, el }) {
   const body = h("div", "nbc-body");
 
   /** @param {string} name */
-  const get = (name) => model.get(name);
+  const get = (name) => rowValue(rows, name, (n) => model.get(n));
   /** Kernel time, seconds; frozen once the kernel is gone (its threads' idle times no longer mean anything). */
   const kernelNow = () => (Date.now() + ui.offsetMs) / 1000;
   const frozenNow = () => (ui.stale ? Math.min(ui.stale.at, kernelNow()) : kernelNow());
@@ -309,6 +318,32 @@ export function render({ model, el }) {
     mark(...(SECTIONS_OF[name] || []));
   }
 
+  /**
+   * A custom message from the kernel: the rows, by difference (rows.js); a view that cannot apply one asks for
+   * every row, once per ASK_ROWS_MS.
+   * @param {any} content
+   */
+  function onCustom(content) {
+    if (!content || content.type !== "rows") return;
+    const applied = applyRows(rows, content);
+    if (applied === null) return;
+    if ("bad" in applied) {
+      if (!ui.badRows) console.warn("nbcoord: the panel ignored a malformed rows message");
+      ui.badRows = true;
+    } else if ("gap" in applied) {
+      askRows();
+    } else {
+      if (content.full) ui.rowsAsked = null;
+      for (const name of applied.changed) onChange(name);
+    }
+  }
+
+  function askRows() {
+    const now = performance.now();
+    if (ui.stale || (ui.rowsAsked !== null && now - ui.rowsAsked < ASK_ROWS_MS)) return;
+    if (send({ type: "view", view_id: viewId, action: "rows" }) !== null) ui.rowsAsked = now;
+  }
+
   function onClock() {
     const clock = get("clock");
     if (clock && clock.view_id === viewId && isNum(clock.client_time) && isNum(clock.kernel_time)) {
@@ -329,9 +364,9 @@ export function render({ model, el }) {
     timers.add(timer);
   }
 
-  /** @type {Array<[string, () => void]>} */
+  /** @type {Array<[string, (...args: any[]) => void]>} */
   const listeners = TRAITS.map((name) => [`change:${name}`, name === "clock" ? onClock : () => onChange(name)]);
-  listeners.push(["comm_live_update", onLive]);
+  listeners.push(["comm_live_update", onLive], ["msg:custom", onCustom]);
   for (const [event, callback] of listeners) model.on(event, callback);
   const kernel = kernelAtStart;
   /** @type {Array<[any, (sender: unknown, value: any) => void]>} the kernel connection's signals we follow */
@@ -351,7 +386,10 @@ export function render({ model, el }) {
   root.addEventListener("click", onClick);
   const ticker = setInterval(tick, TICK_MS);
   const renew = setInterval(() => send({ type: "view", view_id: viewId, action: "alive" }), RENEW_MS);
-  send({ type: "view", view_id: viewId, action: "open", client_time: Date.now() });
+  // Opening asks for every row too: the kernel's next rows message is a full copy.
+  if (send({ type: "view", view_id: viewId, action: "open", client_time: Date.now() }) !== null) {
+    ui.rowsAsked = performance.now();
+  }
   checkKernel();
   draw();
   // The link to the server page only where the server has nbcoord's extension (HEAD /nbcoord/ answers 200).
