@@ -839,8 +839,9 @@ CHURN_SNAPSHOT = """def _ours():
 _end = time.monotonic() + 15
 while sorted(_ours().values()) != sorted(t.name for t in live) and time.monotonic() < _end:
     time.sleep(0.1)
-_rows = nbcoord._extension.panel_controller()._traits.rows
-print("@@" + json.dumps({"rows": _ours(), "seq": _rows.seq, "full": _rows.full_copies}))"""
+_controller = nbcoord._extension.panel_controller()
+_rows = _controller._traits.rows
+print("@@" + json.dumps({"rows": _ours(), "seq": _rows.seq, "full": _rows.full_copies, "ticks": _controller.ticks}))"""
 
 
 def test_rows_changed_at_random_for_30_s_end_as_the_kernels_snapshot(open_notebook: Any) -> None:
@@ -861,8 +862,11 @@ def test_rows_changed_at_random_for_30_s_end_as_the_kernels_snapshot(open_notebo
     kernel = json.loads(printed[printed.index("@@") + 2 :])
     expected: dict[str, str] = kernel["rows"]
     assert len(expected) >= 5, kernel
-    # Differences, not full copies, carried the churn (one full copy per view that opened, and the first).
-    assert kernel["seq"] - kernel["full"] > 30 and kernel["full"] <= 4, kernel
+    # Differences, not full copies, carried the churn (one full copy per view that opened, and the first): most of
+    # the panel's ticks sent one. How many ticks there are depends on their cost (the sender keeps under MAX_DUTY of a
+    # core: at 40 threads here a tick costs about 5 ms, so it ticks every 2 s, not every 0.25 s).
+    differences = kernel["seq"] - kernel["full"]
+    assert kernel["full"] <= 4 and differences >= max(5, kernel["ticks"] // 2), kernel
     wait_until(lambda: notebook.views.count() == 2, 15, 0.05, "the second view")
     for index in range(2):
         view = notebook.views.nth(index)

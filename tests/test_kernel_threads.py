@@ -121,3 +121,37 @@ def test_threads_of_the_loading_cell_are_that_cells(own_kernel: Kernel) -> None:
     assert row["user"] and row["cell"] == count
     report = kernel.evaluate(f"nbcoord.stop_all(cell={count}, grace=5)")
     assert [r["name"] for r in report["stopped"]] == ["same-cell-as-load"]
+
+
+IDLE_WINDOW_S = 3.0
+
+
+def test_an_idle_kernel_has_one_thread_of_nbcoords_whose_monitor_sleeps_while_nothing_is_live(
+    own_kernel: Kernel,
+) -> None:
+    """Issue 26: with nothing live the monitor ticks only on events (a cell ends: one tick), not every interval;
+    with a thread a cell started alive it keeps the interval. Ticks are counted by a task added for the test, over
+    a window of many intervals with no cell running (a measured span: the counts, not the time, are asserted)."""
+    own_kernel.run(
+        "%nbcoord config monitor_interval=0.1\n"
+        "import threading, time, nbcoord\n"
+        "ticks = []\n"
+        "nbcoord._extension.host.monitor.add_task('test-ticks', lambda: ticks.append(time.monotonic()) and False)"
+    )
+    own_kernel.run("mark = time.monotonic()")
+    time.sleep(IDLE_WINDOW_S)  # the kernel idle, no cell running: the window the ticks are counted over
+    quiet_ticks = own_kernel.evaluate("len([t for t in ticks if t > mark])")
+    names = own_kernel.evaluate("sorted(t.name for t in threading.enumerate() if t.name.startswith('nbcoord-'))")
+    assert names == ["nbcoord-monitor"], names
+    # At the interval there would be about 30; the cell that set `mark` ended: one tick for that event.
+    assert quiet_ticks <= 2, f"{quiet_ticks} monitor ticks in {IDLE_WINDOW_S} s with nothing live"
+
+    own_kernel.run(
+        "stop_sleeper = threading.Event()\n"
+        "threading.Thread(target=stop_sleeper.wait, name='sleeper').start()\n"
+        "mark = time.monotonic()"
+    )
+    time.sleep(IDLE_WINDOW_S)  # the same window with a thread a cell started alive (it waits, changing nothing)
+    live_ticks = own_kernel.evaluate("len([t for t in ticks if t > mark])")
+    own_kernel.run("stop_sleeper.set()")
+    assert live_ticks >= 10, f"only {live_ticks} monitor ticks in {IDLE_WINDOW_S} s while a cell's thread was alive"

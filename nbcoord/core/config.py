@@ -63,7 +63,11 @@ class NBCoord(Configurable):
     monitor_interval = Float(
         1.0,
         min=0.05,
-        help="Seconds between activity samples of nbcoord's monitor thread (idle times, CPU per thread).",
+        help=(
+            "Seconds between activity samples of nbcoord's monitor thread (idle times, CPU per thread) while "
+            "something is live (a thread a cell started, a running cell, a ledger item); with nothing live, the "
+            "monitor samples once a minute, or at once when a thread starts or a cell runs."
+        ),
     ).tag(config=True)
     panel_interval = Float(
         1.0,

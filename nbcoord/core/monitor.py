@@ -188,9 +188,14 @@ class Monitor:
 
     def forget_in_child(self) -> None:
         """In a forked child: the thread was not forked; close the pipe. Takes no lock (another thread of the
-        parent may have held it at the fork)."""
+        parent may have held it at the fork) and gives the child fresh ones, so that a late wake() or poke() there
+        returns at once instead of waiting for a lock nobody will release."""
+        self._lock = threading.Lock()
+        self._looped = threading.Condition(self._lock)
+        self._work = threading.RLock()
         self._thread = None
         self._stopping = True
+        self.quiet_since = math.inf
         self._close_pipe()
 
     @property

@@ -88,13 +88,11 @@ def _header_of(parent: Any) -> dict[str, Any] | None:
 
 
 class OutputRouter:
-    """Routes the background output of one loaded extension; see the module docstring.
-
-    ``install`` adds: an instance ``write`` on each of the kernel's two streams, a chained ``threading.excepthook``,
-    a cell listener (the request header of every run), a monitor task (what is left to send), a snapshot source
-    (section ``outputs``), a fork-child action and, when the settings exist, observers of ``route_output`` and
-    ``output_lines``. ``uninstall`` removes exactly those, after sending what is left.
-    """
+    """Routes the background output of one loaded extension (see the module docstring). ``install`` adds: an instance
+    ``write`` on each of the kernel's two streams, a chained ``threading.excepthook``, a cell listener (the request
+    header of every run), a monitor task (what is left to send), a snapshot source (section ``outputs``), a
+    fork-child action and, when the settings exist, observers of ``route_output`` and ``output_lines``. ``uninstall``
+    removes exactly those, after sending what is left."""
 
     def __init__(self, host: Host) -> None:
         self._host = host
@@ -425,14 +423,12 @@ class OutputRouter:
 
     # ------------------------------------------------------------------------------------------ sending
     def flush(self) -> bool:
-        """Send every area with text not yet sent (the monitor's task: the end of a burst within a second).
-        Whether one had some (a burst may go on: the monitor keeps its base interval)."""
-        sent = False
-        for area in self._areas_now():
-            if area.version != area.sent_version:
-                self._send(area, blocking=True)
-                sent = True
-        return sent
+        """Send every area with text not yet sent (the monitor's task: the end of a burst within a second); whether
+        one had some (a burst may go on: the monitor keeps its base interval)."""
+        pending = [area for area in self._areas_now() if area.version != area.sent_version]
+        for area in pending:
+            self._send(area, blocking=True)
+        return bool(pending)
 
     def _areas_now(self) -> list[Area]:
         with self._lock:
