@@ -7,7 +7,10 @@ settling time:
 - **without**: the kernel alone (the baseline);
 - **loaded**: ``%load_ext nbcoord``, nothing registered changing;
 - **panel**: loaded, and the panel shown with one view open (the comm message a page sends when the view is
-  drawn), no thread changing.
+  drawn), no thread changing;
+- **steady**: loaded, with one thread a cell started alive and waiting: something live that changes nothing. The
+  monitor keeps its interval while anything is live (stuck detection, idle times and zombie states rest on its
+  ticks), so this row has no target: it says what a kernel with a leftover idle thread pays.
 
 For each: the process's CPU over the window as a share of one core, summed from every thread's scheduler counter
 (``/proc/<pid>/task/<tid>/schedstat``, nanoseconds: an idle kernel spends well under the 10 ms tick of
@@ -58,6 +61,9 @@ SETUPS = {
     "without": "",
     "loaded": "%load_ext nbcoord",
     "panel": "%load_ext nbcoord\nimport nbcoord\np = nbcoord.panel()\nprint(p.comm.comm_id)",
+    # Something live that changes nothing: a thread a cell started, waiting (no target: see the module docstring).
+    "steady": "%load_ext nbcoord\nimport threading\nleft = threading.Event()\n"
+    "threading.Thread(target=left.wait, daemon=True).start()",
 }
 CPU_TARGETS = {"loaded": 2.0, "panel": 3.0}
 THREAD_TARGETS = {"loaded": 1, "panel": 2}
@@ -160,6 +166,17 @@ def main() -> None:
             f"{mode:<10} {figures.cpu_share * 100:>16.3f} {figures.os_threads:>11} {figures.rss_mib:>8.1f}  "
             f"{', '.join(figures.nbcoord_threads) or '-'}"
         )
+    steady = idle["steady"]
+    result(
+        name="idle kernel CPU, nbcoord loaded, a cell's thread alive and waiting",
+        value=steady.cpu_share * 100,
+        baseline=base.cpu_share * 100,
+        unit="% of a core",
+        vs="the same kernel without nbcoord (an idle thread costs it nothing)",
+        note=f"x{steady.cpu_share / base.cpu_share:.1f}; the monitor ticks every second while something is live"
+        if base.cpu_share > 0
+        else "",
+    )
     for mode in ("loaded", "panel"):
         figures = idle[mode]
         ratio = figures.cpu_share / base.cpu_share if base.cpu_share > 0 else float("inf")
