@@ -237,7 +237,7 @@ class Monitor:
             self._next_tick = now + (self._interval() if self.quiet_since == math.inf else QUIET_INTERVAL_S)
 
     def _run_due_jobs(self, now: float) -> float:
-        """Run the jobs whose time has come; the earliest moment one is due next."""
+        """Run the jobs whose time has come (the loop holds ``_work``); the earliest moment one is due next."""
         earliest = math.inf
         with self._lock:
             jobs = list(self._jobs.items())
@@ -245,8 +245,7 @@ class Monitor:
             try:
                 due = job.due()
                 if due is not None and due <= now:
-                    with self._work:
-                        job.run(now)
+                    job.run(now)
                     due = job.due()
             except Exception:
                 log.warning("nbcoord: monitor job %r failed", name, exc_info=True)

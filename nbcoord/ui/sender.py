@@ -76,10 +76,6 @@ class Sender:
             remove()
 
     @property
-    def alive(self) -> bool:
-        return self._remove is not None
-
-    @property
     def native_id(self) -> int | None:
         """The OS id of the thread the ticks run on (the benchmark reads its CPU time)."""
         return self._monitor.native_id
