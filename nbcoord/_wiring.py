@@ -19,7 +19,7 @@ from nbcoord.core.internals import running_cell
 from nbcoord.core.snapshot import Snapshot
 from nbcoord.core.stop import ScopeKind, StopReport, ThreadStopped
 from nbcoord.core.threads import INTERNAL_PREFIX, ThreadHooks
-from nbcoord.kernel import control, output
+from nbcoord.kernel import cellmark, control, output
 from nbcoord.kernel.exit import ShutdownStop
 from nbcoord.kernel.shutdown import ShutdownHooks
 from nbcoord.ledger.ledger import watch as watch_ledger
@@ -86,6 +86,7 @@ class Extension:
         self.hooks.install()
         undo(self.hooks.uninstall)
         undo(self.cells.install())
+        undo(cellmark.install(host))
         undo(host.stopper.add_stopper("user", host.run_user_stoppers))
         undo(self.resources.install())
         # After the thread hooks (the output route chains threading.excepthook above theirs) and after the

@@ -76,3 +76,55 @@ def test_threads_that_ignored_a_stop_are_forced_from_the_page_and_the_stops_age_
         assert not problems, problems
     finally:
         context.close()
+
+
+def test_a_kernel_that_does_not_answer_shows_its_call_and_offers_a_way_out(
+    server_and_kernel: tuple[FleetServer, Attached],
+    browser: Any,  # noqa: F811
+) -> None:
+    """A C call that holds the GIL and never checks for signals: the page reads the main thread from outside, an
+    Interrupt does not end the call (and the page says so), a Restart does."""
+    server, _kernel = server_and_kernel
+    kernel_id = server.start("frozen.ipynb")
+    kernel = server.attach(kernel_id)
+    kernel.run("%load_ext nbcoord")
+    old_pid = server.kernel_pid(kernel)
+    msg_id = kernel.submit("total = sum(range(10**11))")
+    context = browser.new_context()
+    page = context.new_page()
+    problems: list[str] = []
+    page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
+    try:
+        page.goto(f"{server.url}/nbcoord/?token={urllib.parse.quote(server.token)}")
+        row = page.locator(f"tr[data-kernel-id='{kernel_id}']")
+        doing = row.locator(".nbf-doing")
+        doing.wait_for(timeout=30_000)
+        text = doing.inner_text()
+        assert re.search(r"Main thread: busy, holding the GIL, cell \[\d+\], line 1 in <module>, for \d", text), text
+        row.get_by_role("button", name="Interrupt", exact=True).click()
+        row.locator(".nbf-result", has_text="Interrupt cannot end this call").wait_for(timeout=30_000)
+        row.get_by_role("button", name="Restart", exact=True).click()
+        row.get_by_role("button", name="Click again to restart").click()
+        restarted = row.locator(".nbf-result", has_text="Restarted")
+        restarted.wait_for(timeout=60_000)
+        # A new process: the old one, with its endless call, is gone.
+        wait_until(lambda: not _alive(old_pid), timeout=30, what="the old kernel process to end")
+        row.locator(".nbf-doing").wait_for(state="detached", timeout=30_000)
+        assert msg_id and not problems, problems
+    finally:
+        context.close()
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie until the server reaps it counts as gone.
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -10,6 +10,9 @@ jupyter-resource-usage does); nothing to run. It serves, under the server's base
 ``/nbcoord/api/kernels/<id>/stop``
     POST ``{"scope": "zombies" | "all" | "cell", "cell": N, "grace": S, "force": bool}``: that kernel's one
     bounded stop, through its control channel (served while the kernel's main thread is busy); answers the report;
+``/nbcoord/api/kernels/<id>/stacks``
+    GET (``?native=1`` for native frames too): that kernel's threads read from outside, without its help, while a C
+    call holds its GIL or its threads deadlock (:mod:`nbcoord.server._stacks`; needs the ``native`` extra);
 ``/nbcoord/metrics``
     Prometheus metrics per kernel (:mod:`nbcoord.server._metrics`).
 
@@ -27,6 +30,8 @@ nbcoord. Settings (``c.NBCoordServer.<name>`` in a ``jupyter_server_config.py``,
     seconds before a kernel found without nbcoord, and used since, is asked again;
 ``nvml_module`` ("pynvml")
     the NVML binding for GPU memory by pid (``nvidia-ml-py``, the ``gpu`` extra);
+``stacks_module`` ("pystack")
+    the library that reads kernels' stacks from outside (the ``native`` extra);
 ``unauthenticated_kernel_labels`` (False)
     with ``ServerApp.authenticate_prometheus = False``, label the metrics of a scrape without credentials by kernel
     id and notebook path too (by default such a scrape gets totals only, as the server's own ``/metrics``).
@@ -44,6 +49,7 @@ from nbcoord.server._fleet import Fleet
 from nbcoord.server._gpu import Nvml
 from nbcoord.server._handlers import SETTINGS_KEY, handlers
 from nbcoord.server._kernels import NBCoordKernelManager, use_in
+from nbcoord.server._stacks import StacksReader
 from nbcoord.server._text import install_log_filter
 
 __all__ = ["NBCoordKernelManager", "NBCoordServer"]
@@ -68,6 +74,9 @@ class NBCoordServer(ExtensionApp):
     nvml_module = Unicode("pynvml", help="The NVML binding for GPU memory by process (nvidia-ml-py).").tag(
         config=True
     )
+    stacks_module = Unicode(
+        "pystack", help="The library that reads a kernel's stacks from outside (pystack, the native extra)."
+    ).tag(config=True)
     unauthenticated_kernel_labels = Bool(
         False,
         help="With ServerApp.authenticate_prometheus=False, also give a scrape of /nbcoord/metrics that carries no "
@@ -90,6 +99,7 @@ class NBCoordServer(ExtensionApp):
         )
         self.settings[SETTINGS_KEY] = {
             "fleet": fleet,
+            "stacks": StacksReader(serverapp.kernel_manager, module=self.stacks_module, ask_waits=fleet.ask_waits),
             "page_interval": self.page_interval,
             "unauthenticated_kernel_labels": self.unauthenticated_kernel_labels,
         }
@@ -106,6 +116,7 @@ class NBCoordServer(ExtensionApp):
         options = self.settings.get(SETTINGS_KEY)
         if options is not None:
             await options["fleet"].close()
+            options["stacks"].close()
 
 
 def untrack_messages(serverapp: Any) -> None:

@@ -98,3 +98,15 @@ _RANGES = {
     "cell": "a cell's execution count is a whole number below 2**31",
     "grace": f"a number of seconds between 0 and {MAX_GRACE_S:g}",
 }
+
+
+_FLAGS = {"1": True, "true": True, "0": False, "false": False}
+
+
+def parse_flag(name: str, values: list[str]) -> bool:
+    """A query flag (``?native=1``): absent is false; ``1``/``true``/``0``/``false`` once, or BadRequest."""
+    if not values:
+        return False
+    if len(values) > 1 or values[0].lower() not in _FLAGS:
+        raise BadRequest(f'"{name}" must be given once, as 1 or 0 (got {echoed(", ".join(values))})')
+    return _FLAGS[values[0].lower()]

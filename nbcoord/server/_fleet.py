@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from nbcoord.core.schema import (
     REQUEST,
+    SCHEMA,
     KernelSummary,
     StopRequest,
     stop_request,
@@ -37,7 +38,7 @@ from nbcoord.server._gpu import GpuStatus, Nvml
 from nbcoord.server._link import KernelLink, LinkClosed, Reply
 from nbcoord.server._model import VIEW_SCHEMA, FleetView, KernelRow, Status, attention, sort_key
 from nbcoord.server._outside import Outside, gpu_held, is_alive, kernel_pid, no_outside, read_outside
-from nbcoord.server._summary import OffSchema, bounded_report, check_summary
+from nbcoord.server._summary import OffSchema, bounded_report, check_summary, checked_waits
 from nbcoord.server._text import ECHO_CHARS, TEXT_CHARS, shown
 
 log = logging.getLogger("nbcoord.server")
@@ -52,6 +53,8 @@ _ALIVE_POLL_S = 0.25
 #: (the kernel then uses its own ``NBCoord.grace_period``).
 STOP_MARGIN_S = 5.0
 DEFAULT_GRACE_BUDGET_S = 10.0
+#: How long a stacks request waits for the kernel's own account of its threads' waits.
+WAITS_TIMEOUT_S = 0.5
 
 Presence = Literal["unknown", "present", "absent"]
 
@@ -368,6 +371,27 @@ class Fleet:
             # No answer at all: busy, or nbcoord was unloaded. The next request probes again to tell which.
             state.presence = "unknown"
         return None, absent
+
+    # -------------------------------------------------------------------------------------------- waits
+    async def ask_waits(self, kernel_id: str) -> dict[str, Any] | None:
+        """What the kernel says its threads wait on (``action: waits``), checked and cut; None where it does not
+        answer within :data:`WAITS_TIMEOUT_S` (a C call holds its GIL) or has no nbcoord."""
+        km = self._manager(kernel_id)
+        if km is None or not await is_alive(km):
+            return None
+        state = self._state(kernel_id, kernel_pid(km))
+        if state.presence == "absent":
+            return None
+        try:
+            reply, _absent = await self._exchange(
+                self._link(state, km), state, {"schema": SCHEMA, "action": "waits"}, WAITS_TIMEOUT_S
+            )
+        except (LinkClosed, Exception):
+            log.debug("nbcoord: asking kernel %s for waits failed", shown(kernel_id), exc_info=True)
+            return None
+        if reply is None or _reply_error(reply) is not None:
+            return None
+        return checked_waits(_content(reply).get("waits"))
 
     # --------------------------------------------------------------------------------------------- stop
     async def stop(self, kernel_id: str, request: StopRequest) -> dict[str, Any]:

@@ -38,7 +38,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 from tornado import web
 
-from nbcoord.server._body import BadRequest, check_kernel_id, parse_stop_body
+from nbcoord.server._body import BadRequest, check_kernel_id, parse_flag, parse_stop_body
 from nbcoord.server._fleet import Fleet, FleetError
 from nbcoord.server._metrics import FleetCollector
 from nbcoord.server._text import TEXT_CHARS, shown
@@ -147,6 +147,25 @@ class StopHandler(_Api):
         self.write_json(result)
 
 
+class StacksHandler(_Api):
+    """``GET /nbcoord/api/kernels/<id>/stacks[?native=1]``: that kernel's threads, read from outside (served while
+    the kernel cannot answer; see :mod:`nbcoord.server._stacks`)."""
+
+    _track_activity = False
+
+    @web.authenticated
+    @authorized
+    async def get(self, kernel_id: str) -> None:
+        try:
+            check_kernel_id(kernel_id)
+            if kernel_id not in self.kernel_manager:
+                raise BadRequest(f"no kernel {kernel_id} on this server", status=404)
+            native = parse_flag("native", self.get_query_arguments("native"))
+        except BadRequest as error:
+            raise refuse(error.status, error.message) from None
+        self.write_json(await self.nbcoord_options["stacks"].read(kernel_id, native=native))
+
+
 class MetricsHandler(_Mixin, JupyterHandler):
     """``GET /nbcoord/metrics``: Prometheus's text format (or OpenMetrics, as the scraper asks), per scrape."""
 
@@ -237,5 +256,6 @@ def handlers() -> list[tuple[str, type[Any]]]:
         (r"/nbcoord/static/fleet\.js", ModuleHandler),
         (r"/nbcoord/api/kernels", KernelsHandler),
         (r"/nbcoord/api/kernels/([^/]+)/stop", StopHandler),
+        (r"/nbcoord/api/kernels/([^/]+)/stacks", StacksHandler),
         (r"/nbcoord/metrics", MetricsHandler),
     ]

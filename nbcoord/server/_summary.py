@@ -20,10 +20,12 @@ from typing import Any
 
 from nbcoord.core.schema import MAX_BLOCKED, MAX_CELLS, MAX_NAMES, MAX_QUEUES, KernelSummary
 from nbcoord.core.text import bounded
-from nbcoord.server._text import NAME_CHARS, TEXT_CHARS, echoed
+from nbcoord.server._text import NAME_CHARS, TEXT_CHARS, echoed, shown
 
 #: The most devices, reasons or thread states a summary lists (more are cut).
 MAX_ENTRIES = 64
+#: The most threads and deadlocks kept of a kernel's waits reply.
+MAX_WAIT_ROWS = 300
 _COUNT_MAX = 2**63
 _NUMBER_MAX = 1e18
 
@@ -163,3 +165,24 @@ def bounded_report(value: object, key: str = "", depth: int = 0) -> Any:
     if isinstance(value, (list, tuple)):
         return [bounded_report(item, key, depth + 1) for item in value]
     return bounded(str(value), TEXT_CHARS)
+
+
+def checked_waits(waits: object) -> dict[str, Any] | None:
+    """A kernel's ``waits`` reply, kept to its schema's fields and cut (the kernel's texts are the user's names)."""
+    if not isinstance(waits, dict):
+        return None
+    threads = []
+    for row in waits.get("threads", [])[:MAX_WAIT_ROWS] if isinstance(waits.get("threads"), list) else []:
+        if isinstance(row, dict) and _whole(row.get("tid")):
+            text = row.get("waits")
+            threads.append({"tid": row["tid"], "waits": shown(text, TEXT_CHARS) if isinstance(text, str) else None})
+    deadlocks = []
+    for row in waits.get("deadlocks", [])[:MAX_WAIT_ROWS] if isinstance(waits.get("deadlocks"), list) else []:
+        tids = row.get("tids") if isinstance(row, dict) else None
+        if isinstance(tids, list) and all(_whole(tid) for tid in tids) and isinstance(row.get("text"), str):
+            deadlocks.append({"tids": tids[:MAX_WAIT_ROWS], "text": shown(row["text"], TEXT_CHARS * 2)})
+    return {"threads": threads, "deadlocks": deadlocks}
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -4,6 +4,7 @@
  */
 
 import { bytes, coarseDuration, h, isNum, plural, safe } from "../shared/text.js";
+import { frozenKernels } from "./frozen.js";
 import { CSS } from "./style.js";
 
 const COLUMNS = ["Notebook", "Status", "Threads", "Cells", "GPU", "Memory", "Workers", "Activity", "Last stop", "Stop"];
@@ -72,6 +73,8 @@ export function render(root, options = {}) {
   box.append(style, head, summary, table);
   root.replaceChildren(box);
 
+  const frozen = frozenKernels({ base, fetchImpl, xsrf: xsrfToken, redraw: () => { if (lastView) draw(lastView); } });
+
   /** @param {string} path */
   function api(path) {
     return `${base}nbcoord/api/${path}`;
@@ -84,6 +87,7 @@ export function render(root, options = {}) {
       if (!response.ok) throw new Error(`the server answered ${response.status}`);
       lastView = await response.json();
       draw(lastView);
+      frozen.refresh(Array.isArray(lastView.kernels) ? lastView.kernels : []);
     } catch (err) {
       summary.className = "nbf-summary nbf-error";
       summary.textContent = safe(`Could not read the kernels: ${err instanceof Error ? err.message : String(err)}`);
@@ -193,8 +197,8 @@ export function render(root, options = {}) {
     update(c.Workers, String(k.worker_processes), () => [document.createTextNode(isNum(k.worker_processes) ? String(k.worker_processes) : "–")]);
     const running = s && isNum(s.running_cell) ? `cell [${s.running_cell}] running ${coarseDuration(now - s.running_since)}` : "";
     const blocked = s && s.blocked_runs ? `${plural(s.blocked_runs, "blocked run")}, longest ${coarseDuration(s.blocked_seconds)}` : "";
-    update(c.Activity, JSON.stringify([k.execution_state, running, blocked, s && s.blocked]), () => {
-      const parts = [h("div", "", running || k.execution_state || "")];
+    update(c.Activity, JSON.stringify([k.execution_state, running, blocked, s && s.blocked, frozen.key(k)]), () => {
+      const parts = [h("div", "", running || k.execution_state || ""), ...frozen.nodes(k)];
       if (blocked) {
         const b = h("div", "nbf-chip stuck", blocked);
         b.title = (s.blocked || []).map((/** @type {any} */ r) => safe(r.text || r.thread)).join("\n");
@@ -287,6 +291,12 @@ export function render(root, options = {}) {
 
   /** @param {Event} event */
   function onClick(event) {
+    const way = event.target instanceof Element ? event.target.closest("button[data-action='interrupt'], button[data-action='restart']") : null;
+    const wayRow = way ? way.closest("tr[data-kernel-id]") : null;
+    if (way && wayRow && box.contains(wayRow)) {
+      frozen.act(String(/** @type {HTMLElement} */ (wayRow).dataset.kernelId), /** @type {HTMLElement} */ (way).dataset.action);
+      return;
+    }
     const target = event.target instanceof Element ? event.target.closest("button[data-action='stop']") : null;
     const tr = target ? target.closest("tr[data-kernel-id]") : null;
     if (!target || !tr || !box.contains(tr)) return;

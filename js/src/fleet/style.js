@@ -24,6 +24,7 @@ export const CSS = `
 .nbf button.danger { background: #d32f2f; border-color: #d32f2f; color: #fff; }
 .nbf button:disabled { opacity: .5; cursor: default; }
 .nbf-result { font-size: 11px; }
+.nbf-doing { font-size: 11px; max-width: 40em; }
 @media (prefers-color-scheme: dark) {
   .nbf { color: #e0e0e0; background: #121212; } .nbf-muted { color: #9e9e9e; }
   .nbf th { border-color: #424242; } .nbf td { border-color: #303030; }
