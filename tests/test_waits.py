@@ -532,6 +532,22 @@ def test_threads_magic_names_a_deadlock_of_a_cells_threads(kernel: Kernel) -> No
     assert kernel.evaluate("[dl_one.is_alive(), dl_two.is_alive()]") == [False, False]
 
 
+def ask(kernel: Kernel, content: dict[str, Any], timeout: float = 15.0) -> dict[str, Any]:
+    """Send an ``nbcoord_request`` on the control channel, as the server does; its reply's content."""
+    msg_id = kernel.send_control("nbcoord_request", content)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            reply = kernel.kc.control_channel.get_msg(timeout=0.5)
+        except queue.Empty:
+            continue
+        if reply["parent_header"].get("msg_id") == msg_id:
+            assert reply["header"]["msg_type"] == "nbcoord_reply"
+            content_: dict[str, Any] = reply["content"]
+            return content_
+    raise AssertionError(f"no reply to {content} within {timeout} s")
+
+
 MAIN_BLOCKED = """\
 import threading
 a = threading.Lock(); b = threading.Lock(); got_b = threading.Event()
@@ -550,8 +566,6 @@ with a:
 
 @pytest.mark.kernel
 def test_the_control_channel_names_a_deadlock_of_the_main_thread(kernel: Kernel) -> None:
-    from test_server_control import ask
-
     msg_id = kernel.submit(MAIN_BLOCKED)
     try:
         def deadlocked() -> dict[str, Any] | None:
@@ -575,3 +589,22 @@ def test_the_control_channel_names_a_deadlock_of_the_main_thread(kernel: Kernel)
     assert main["stack"][-1].startswith("cell [")
     assert rows["helper"]["stack"][-1].endswith(f"line {_line(MAIN_BLOCKED, 'with a:', 1)} in helper")
     assert kernel.evaluate("1 + 1") == 2, "the kernel goes on after the interrupt"
+
+
+def test_lock_internals_fall_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nbcoord.core import internals
+    from nbcoord.core.fallbacks import Fallbacks
+
+    monkeypatch.setattr(internals, "_fallbacks", Fallbacks())
+    r = threading.RLock()
+    assert internals.rlock_owner(r) is None
+    with r:
+        assert internals.rlock_owner(r) == threading.get_ident()
+    python_rlock = threading._RLock()  # type: ignore[attr-defined]
+    with python_rlock:
+        assert internals.rlock_owner(python_rlock) == threading.get_ident()
+    assert internals.condition_lock(threading.Condition(r)) is r
+    monkeypatch.delattr(threading, "_RLock")
+    assert len(internals.lock_types()) == 2
+    assert internals.condition_lock(object()) is None
+    assert {"threading._RLock", "Condition._lock"} <= set(internals.degraded())
