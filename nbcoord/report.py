@@ -41,7 +41,8 @@ def thread_line(
 ) -> str:
     """One thread as one line (plus its stack when asked); ``output``: where its background output went; ``waits``:
     what it waits on (from the snapshot's waits section)."""
-    parts = [f"{row['tid']:>5}  {shown(row['name'])}", row["state"]]
+    state = "waiting" if waits and row["state"] == "running" else row["state"]  # blocked in C: a lock
+    parts = [f"{row['tid']:>5}  {shown(row['name'])}", state]
     if waits:
         parts.append(f"waits on {shown(waits, TEXT_CHARS)}")
     if row["zombie"]:

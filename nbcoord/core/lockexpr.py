@@ -45,7 +45,7 @@ _SKIP_OPS: Final = frozenset({"CACHE", "PRECALL", "PUSH_NULL", "NOP", "EXTENDED_
 _WINDOW: Final = 48
 _MAX_CHAIN: Final = 8
 #: Parsed sources kept, and the largest source parsed (a huge generated file is not worth it).
-CACHE_SIZE: Final = 32
+CACHE_SIZE: Final = 64
 MAX_SOURCE_CHARS: Final = 2_000_000
 
 

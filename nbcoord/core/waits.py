@@ -187,27 +187,24 @@ def _holds(thread: _Thread) -> list[tuple[str, Any]]:
     return held
 
 
+def _claims(lock: object, thread: _Thread, others: list[_Thread]) -> list[int]:
+    return [other.ident for other in others if other is not thread and any(held is lock for _, held in _holds(other))]
+
+
 def _find_owners(threads: dict[int, _Thread]) -> None:
-    """Fill each lock wait's owner: an RLock's from the lock, a plain Lock's from the one thread holding it."""
-    waiting = [t for t in threads.values() if t.wait is not None and t.wait.lock is not None]
-    scanned = 0
+    """Fill each lock wait's owner: an RLock's from the lock, a plain Lock's from the one thread whose ``with``
+    holds it: looked for among the waiting threads first (their holds are reported anyway), then, only if none
+    claims it, among the others (at most :data:`_MAX_SCANNED` of them, once each)."""
+    waiting = [t for t in threads.values() if t.wait is not None]
+    others = [t for t in threads.values() if t.wait is None][:_MAX_SCANNED]
     for thread in waiting:
         wait = thread.wait
-        assert wait is not None
+        if wait is None or wait.lock is None:
+            continue
         wait.owner = rlock_owner(wait.lock)
         if wait.owner is not None:
             continue
-        candidates = sorted(threads.values(), key=lambda t: t.wait is None)  # the waiting ones first: found already
-        claims = []
-        for other in candidates:
-            if other is thread:
-                continue
-            if other.holds is None:
-                if scanned >= _MAX_SCANNED:
-                    continue
-                scanned += 1
-            if any(lock is wait.lock for _, lock in _holds(other)):
-                claims.append(other.ident)
+        claims = _claims(wait.lock, thread, waiting) or _claims(wait.lock, thread, others)
         wait.owner = claims[0] if len(claims) == 1 else None
 
 
