@@ -107,7 +107,7 @@ def unload_ipython_extension(ipython: Any) -> None:
     ipython.magics_manager.registry.pop("NBCoordMagics", None)
 
 
-def snapshot(*, stacks: bool = False) -> Snapshot:
+def snapshot(*, stacks: bool = False, waits: bool = False) -> Snapshot:
     """One typed, JSON-serialisable picture of the kernel: threads, cells, zombies, queues, memory.
 
     A thread's or a cell's row is shared with later snapshots while nothing in it changes, and read-only (editing
@@ -117,10 +117,13 @@ def snapshot(*, stacks: bool = False) -> Snapshot:
     ----------
     stacks
         Include each thread's current stack (slower with many threads).
+    waits
+        Fill ``waits``: what each blocked thread waits on (a Lock and its holder, an Event, a Queue, a thread's
+        end), what it holds, and the deadlocks among them, each thread with its stack. Else ``waits`` is None.
     """
     from nbcoord.core.checks import flag
 
-    return _require().snapshot(stacks=flag("stacks", stacks))
+    return _require().snapshot(stacks=flag("stacks", stacks), waits=flag("waits", waits))
 
 
 def stop_all(

@@ -141,9 +141,9 @@ class Extension:
         """Make the next snapshot read the resources afresh (not the probe's rate-limited last read)."""
         self.probe.invalidate()
 
-    def snapshot(self, *, stacks: bool = False) -> Snapshot:
-        """One snapshot of the kernel."""
-        return self.host.snapshot(stacks=stacks)
+    def snapshot(self, *, stacks: bool = False, waits: bool = False) -> Snapshot:
+        """One snapshot of the kernel; ``waits``: with what each blocked thread waits on."""
+        return self.host.snapshot(stacks=stacks, waits=waits)
 
     def stop(
         self,

@@ -49,7 +49,7 @@ class Engine(Protocol):
 
     @property
     def config(self) -> NBCoord: ...
-    def snapshot(self, *, stacks: bool = False) -> Snapshot: ...
+    def snapshot(self, *, stacks: bool = False, waits: bool = False) -> Snapshot: ...
     def stop(
         self, kind: ScopeKind = "all", *, grace: float | None = None, force: bool = False, cell: int | None = None,
         tid: str | None = None,
@@ -76,7 +76,8 @@ class NBCoordMagics(Magics):
         default="report",
         help=(
             "report (default): threads by cell, zombies first, queues, failures, memory; "
-            "threads: the thread list; zombies: only zombies; json: the snapshot as JSON; "
+            "threads: the thread list, what each blocked thread waits on, deadlocks; "
+            "zombies: only zombies; json: the snapshot as JSON; "
             "stop: the bounded stop; config: show or set settings (name=value); "
             "mem: memory, GPU, native threads, child processes; panel: the live widget panel; "
             "restart SESSION: restart a TensorFlow session's queue runners (stop, reset closed queues, start again); "
@@ -125,7 +126,7 @@ class NBCoordMagics(Magics):
 
     # ---------------------------------------------------------------------------------------- commands
     def _cmd_report(self, args: Any) -> None:
-        snapshot = self.extension.snapshot(stacks=args.stacks)
+        snapshot = self.extension.snapshot(stacks=args.stacks, waits=True)
         _say(
             _report.report(
                 snapshot,
@@ -137,12 +138,13 @@ class NBCoordMagics(Magics):
         )
 
     def _cmd_threads(self, args: Any) -> None:
-        snapshot = self.extension.snapshot(stacks=args.stacks)
+        snapshot = self.extension.snapshot(stacks=args.stacks, waits=True)
         rows = [r for r in snapshot["threads"] if args.all or r["user"]]
         lines = [_report.summary_line(snapshot)]
         lines += _report.threads_section(
             snapshot, rows, stacks=args.stacks, limit=self.extension.config.max_report_threads
         )
+        lines += _report.deadlocks_section(snapshot)
         _say("\n".join(lines))
 
     def _cmd_zombies(self, args: Any) -> None:

@@ -36,9 +36,15 @@ def _owners(row: ThreadRow) -> str:
     return ", ".join(o["label"] + (" (closed)" if o["closed"] else "") for o in row["owners"])
 
 
-def thread_line(row: ThreadRow, now: float, *, stacks: bool = False, output: str | None = None) -> str:
-    """One thread as one line (plus its stack when asked); ``output``: where its background output went."""
-    parts = [f"{row['tid']:>5}  {shown(row['name'])}", row["state"]]
+def thread_line(
+    row: ThreadRow, now: float, *, stacks: bool = False, output: str | None = None, waits: str | None = None
+) -> str:
+    """One thread as one line (plus its stack when asked); ``output``: where its background output went; ``waits``:
+    what it waits on (from the snapshot's waits section)."""
+    state = "waiting" if waits and row["state"] == "running" else row["state"]  # blocked in C: a lock
+    parts = [f"{row['tid']:>5}  {shown(row['name'])}", state]
+    if waits:
+        parts.append(f"waits on {shown(waits, TEXT_CHARS)}")
     if row["zombie"]:
         parts.append(f"ZOMBIE: {zombie_text(row['zombie_reasons'], row['cell'], now)}")
     parts.append("daemon" if row["daemon"] else "non-daemon")
@@ -82,16 +88,40 @@ def threads_section(snapshot: Snapshot, rows: Iterable[ThreadRow], *, stacks: bo
     now = time.time()
     shown = 0
     outputs = output_by_thread(snapshot)
+    report = snapshot.get("waits")  # .get: snapshots made before the section existed
+    waits = {row["tid"]: row["waits"] for row in report["threads"]} if report else {}
     for (_, cell), group in groupby(ordered, key=lambda r: (r["zombie"] is not None, r["cell"])):
         members = list(group)
         lines.append(f"{_cell_title(snapshot, cell)}")
         for row in members:
             if shown >= limit:
                 break
-            lines.append("  " + thread_line(row, now, stacks=stacks, output=outputs.get(row["tid"])))
+            waiting = waits.get(row["native_id"]) if row["native_id"] is not None else None
+            lines.append("  " + thread_line(row, now, stacks=stacks, output=outputs.get(row["tid"]), waits=waiting))
             shown += 1
     if len(ordered) > limit:
         lines.append(f"  ... and {len(ordered) - limit} more (%nbcoord json has them all)")
+    return lines
+
+
+def deadlocks_section(snapshot: Snapshot) -> list[str]:
+    """Each deadlock the snapshot's waits section names, with every thread in it: what it holds, what it waits on,
+    and its stack (innermost last)."""
+    waits = snapshot.get("waits")
+    if not waits:
+        return []
+    rows = {row["tid"]: row for row in waits["threads"]}
+    lines: list[str] = []
+    for deadlock in waits["deadlocks"]:
+        lines.append(f"Deadlock: {shown(deadlock['text'], TEXT_CHARS)}")
+        for tid in deadlock["tids"]:
+            row = rows.get(tid)
+            if row is None:
+                continue
+            holds = f"holds {', '.join(shown(name) for name in row['holds'])}; " if row["holds"] else ""
+            waits_on = shown(row["waits"], TEXT_CHARS)
+            lines.append(f"  thread {shown(row['name'])!r} (tid {tid}): {holds}waits on {waits_on}")
+            lines += [f"      {shown(frame, TEXT_CHARS)}" for frame in row["stack"]]
     return lines
 
 
@@ -111,6 +141,7 @@ def report(
         lines += threads_section(snapshot, threads, stacks=stacks, limit=limit)
     else:
         lines.append("No thread started by a cell is running." if not show_all else "No threads.")
+    lines += deadlocks_section(snapshot)
     lines += ledger_section(snapshot)
     lines += queues_section(snapshot)
     lines += blocked_section(snapshot)

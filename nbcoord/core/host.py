@@ -23,12 +23,15 @@ import psutil
 from nbcoord.core import checks
 from nbcoord.core.callbacks import Callbacks
 from nbcoord.core.config import NBCoord
+from nbcoord.core.internals import calling_frame, current_frames
 from nbcoord.core.monitor import Monitor
 from nbcoord.core.records import CellInfo
 from nbcoord.core.registry import Registry
+from nbcoord.core.schema import WaitsReport
 from nbcoord.core.snapshot import Snapshot, SnapshotBuilder
 from nbcoord.core.stop import ChildFinder, ScopeKind, StopMechanism, StopReport, StopScope
 from nbcoord.core.threads import kernel_thread_classes
+from nbcoord.core.waits import analyse
 
 log = logging.getLogger("nbcoord")
 
@@ -297,9 +300,25 @@ class Host:
         event = self.registry.stop_event_for_current()
         return event is not None and event.wait(timeout)
 
-    def snapshot(self, *, stacks: bool = False) -> Snapshot:
-        """One snapshot of the kernel."""
-        return self.snapshots.build(stacks=stacks)
+    def snapshot(self, *, stacks: bool = False, waits: bool = False) -> Snapshot:
+        """One snapshot of the kernel; ``waits``: with what each blocked thread waits on (:meth:`waits`)."""
+        snapshot = self.snapshots.build(stacks=stacks)
+        if waits:
+            snapshot["waits"] = self.waits()
+        return snapshot
+
+    def waits(self) -> WaitsReport:
+        """What each blocked thread of the process waits on, who holds it, and the deadlocks among them
+        (:func:`nbcoord.core.waits.analyse`), with stacks whose cells read "cell [3], line 2 in f"."""
+        frames = current_frames()
+        own = calling_frame(0)  # the calling thread waits on nothing, but may hold what another waits for
+        if own is not None:
+            frames[threading.get_ident()] = own
+        del own
+        try:
+            return analyse(frames, cell_of=self.cell_of_file)
+        finally:
+            frames.clear()  # this frame is in the dict this frame holds: a cycle until cleared
 
     def _remember_stop(self, report: StopReport) -> None:
         self.snapshots.last_stop = dict(report)

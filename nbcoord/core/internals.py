@@ -20,6 +20,9 @@ back, for the report. Tests remove each internal (monkeypatch) and check the fal
   activity); else no creation stacks or executor owners, and every thread's state is unknown (no stacks).
 - ``ModuleSpec._initializing`` (importlib): whether a module in ``sys.modules`` is still being imported (the
   post-import hook then waits for the end of its import); else a module found there counts as imported.
+- ``threading._RLock``, ``Condition._lock`` and the C ``RLock``'s ``repr`` (``owner=<ident>``): naming the lock a
+  thread waits on and its owner (:mod:`nbcoord.core.waits`); else the pure-Python RLock is not recognised, a
+  Condition's lock is unknown, and an RLock's owner is unknown (a plain Lock's owner still comes from ``with``).
 - ``OutStream._original_stdstream_copy`` (ipykernel): the process's standard error as the kernel's parent gave it,
   where ipykernel captures file descriptor 2 into the running cell (7.x); else ``sys.__stderr__``.
 
@@ -37,10 +40,13 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import inspect
 import logging
 import os
+import re
 import sys
 import threading
+import types
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from types import CellType, CodeType, FrameType
@@ -316,6 +322,67 @@ def ipython_tee_cell(write: Any, wanted: Callable[[Any], bool]) -> CellType | No
 #: Functions a thread waits in (innermost frame's ``co_name``): public ones and CPython's private
 #: ``Thread._wait_for_tstate_lock`` (what ``join()`` waits in). A name that is gone only stops matching.
 WAITING_FUNCTIONS = frozenset({"wait", "_wait_for_tstate_lock", "get", "acquire", "sleep", "select", "poll", "recv"})
+
+
+# ----------------------------------------------------------------------------------------------- locks
+_RLOCK_OWNER = re.compile(r"\bowner=(\d+)")
+
+
+def lock_types() -> tuple[type, ...]:
+    """The lock classes a thread can wait on and hold: ``_thread.lock``, the C ``RLock`` and CPython's pure-Python
+    ``threading._RLock`` (used where the C one is missing). Fallback: without the Python one."""
+    kinds: list[type] = [type(threading.Lock()), type(threading.RLock())]
+    python_rlock = getattr(threading, "_RLock", None)
+    if isinstance(python_rlock, type):
+        kinds.append(python_rlock)
+    else:
+        _fall_back("threading._RLock", "a pure-Python RLock is not recognised as a lock")
+    return tuple(kinds)
+
+
+def rlock_owner(lock: object) -> int | None:
+    """The ident of the thread that holds an RLock, or None (free, a plain Lock, or not knowable).
+
+    The C RLock says it only in its ``repr`` (``<locked _thread.RLock object owner=140... count=1 at 0x...>``); the
+    Python one keeps it in ``_owner``. Both are read without calling user code. Fallback: None.
+    """
+    if type(lock) is type(threading.RLock()):
+        text = type(lock).__repr__(lock)  # C code: no user code runs
+        match = _RLOCK_OWNER.search(text)
+        if match is None:
+            if "owner=" not in text and not text.startswith("<unlocked"):
+                _fall_back("RLock repr owner=", "the thread holding an RLock is not known")
+            return None
+        owner = int(match.group(1))
+        return owner or None
+    if type(lock).__name__ == "_RLock":
+        owner = static_attribute(lock, "_owner")
+        return owner if isinstance(owner, int) and owner else None
+    return None
+
+
+def condition_lock(condition: object) -> object | None:
+    """The lock a ``threading.Condition`` (or a Semaphore's, an Event's, a Queue's condition) wraps. Fallback: None."""
+    lock: object | None = static_attribute(condition, "_lock")
+    if lock is None:
+        _fall_back("Condition._lock", "the lock of a Condition a thread waits on is not known")
+    return lock
+
+
+def static_attribute(obj: object, name: str) -> Any:
+    """``obj.name`` read without running user code (no property, no ``__getattr__``): an instance's own value, a
+    slot's, a class's plain attribute, a module's global; None where it is anything else or missing."""
+    try:
+        value = inspect.getattr_static(obj, name)
+    except Exception:  # missing (AttributeError), or an object whose __dict__ or __mro__ misbehaves
+        return None
+    kind = type(value)  # type(), not isinstance(): a user object's __class__ may be a property
+    if issubclass(kind, (types.MemberDescriptorType, types.GetSetDescriptorType)):  # a slot: C code reads it
+        try:
+            return None if issubclass(type(obj), type) else value.__get__(obj, type(obj))
+        except Exception:  # an empty slot
+            return None
+    return None if issubclass(kind, (property, types.FunctionType, classmethod, staticmethod)) else value
 
 
 def zmq_recv_callback(stream: Any) -> Any:

@@ -9,6 +9,7 @@ Messages (Jupyter messaging, on the control channel, signed with the kernel's ke
 ``nbcoord_request``, content one of::
 
     {"schema": 1, "action": "summary"}
+    {"schema": 1, "action": "waits"}
     {"schema": 1, "action": "stop", "scope": "all" | "zombies" | "cell", "cell": N, "grace": S, "force": bool}
 
 (``cell`` only, and always, with scope ``"cell"``; ``grace`` (0 to :data:`MAX_GRACE_S` seconds) and ``force`` are
@@ -17,8 +18,24 @@ optional.)
 ``nbcoord_reply``, content one of::
 
     {"status": "ok", "schema": 1, "action": "summary", "summary": KernelSummary}
+    {"status": "ok", "schema": 1, "action": "waits", "waits": WaitsReport}
     {"status": "ok", "schema": 1, "action": "stop", "report": <nbcoord.StopReport>}
     {"status": "error", "schema": 1, "code": "invalid" | "failed" | "unavailable", "error": "one sentence"}
+
+A **waits** request asks what each blocked thread waits on (:mod:`nbcoord.core.waits`), answered on the control
+thread, so it answers while the main thread is stuck on a lock (a thread blocked on a lock lets the control thread
+run)::
+
+    WaitsReport = {"threads": [{"tid": <native thread id>, "name": str, "waits": str | null,
+                                "owner_tid": <native id> | null, "holds": [str], "stack": [str]}],
+                   "deadlocks": [{"tids": [<native id>, ...], "text": str}]}
+
+``threads``: the threads that wait on something, and the holders of what they wait on (``waits`` null when that
+holder waits on nothing), deadlocked ones first, at most :data:`MAX_WAIT_THREADS`; ``waits``: "Lock b, held by
+thread 'one' (tid 4242)", "Event ready", "Queue q (empty)", "thread 'w' (tid 7) to end"; ``holds``: the expressions
+of the locks its ``with`` statements hold (``self.lock``); ``stack``: innermost last, a cell's frames as
+"cell [3], line 2 in f". ``tid`` is the thread's native id (the Python ident for a thread ``threading`` does not
+know). ``deadlocks[].text``: "deadlock: thread 'one' holds a and waits for b; thread 'two' holds b and waits for a".
 
 A kernel without nbcoord does not answer ``nbcoord_request`` at all (ipykernel logs the unknown type); the server
 tells it from a kernel that is busy by asking ``kernel_info_request`` on the same channel right after (answered in
@@ -41,7 +58,7 @@ SCHEMA: Final = 1
 REQUEST: Final = "nbcoord_request"
 REPLY: Final = "nbcoord_reply"
 
-Action = Literal["summary", "stop"]
+Action = Literal["summary", "waits", "stop"]
 StopScope = Literal["all", "zombies", "cell"]
 ErrorCode = Literal["invalid", "failed", "unavailable"]
 
@@ -57,6 +74,13 @@ MAX_BLOCKED: Final = 5
 MAX_NAMES: Final = 5
 #: Thread states a summary counts (nbcoord.core.snapshot.thread_state); always all present, zero where none.
 THREAD_STATES: Final = ("running", "waiting", "stopping")
+#: A waits report's bounds: threads listed, locks named as held per thread, stack lines per thread, deadlocks, and
+#: the longest wait sentence, deadlock sentence or stack line.
+MAX_WAIT_THREADS: Final = 64
+MAX_HOLDS: Final = 8
+MAX_STACK_LINES: Final = 30
+MAX_DEADLOCKS: Final = 8
+MAX_WAIT_TEXT: Final = 1000
 
 
 class SchemaError(ValueError):
@@ -80,7 +104,7 @@ class Request(TypedDict):
     stop: StopRequest | None
 
 
-_REQUEST_KEYS: Final = {"summary": frozenset({"schema", "action"}),
+_REQUEST_KEYS: Final = {"summary": frozenset({"schema", "action"}), "waits": frozenset({"schema", "action"}),
                         "stop": frozenset({"schema", "action", "scope", "cell", "grace", "force"})}
 
 
@@ -132,20 +156,25 @@ def parse_request(content: object) -> Request:
     if not _is_int(schema) or schema != SCHEMA:
         raise SchemaError(f"unsupported schema {str(schema)[:20]!r}; this nbcoord speaks schema {SCHEMA}")
     action = content.get("action")
-    if action == "summary":
-        unknown = sorted(str(key)[:40] for key in content if key not in _REQUEST_KEYS["summary"])
+    if action in ("summary", "waits"):
+        unknown = sorted(str(key)[:40] for key in content if key not in _REQUEST_KEYS[action])
         if unknown:
-            raise SchemaError(f"unknown field(s) for a summary: {', '.join(unknown)}")
-        return Request(action="summary", stop=None)
+            raise SchemaError(f"unknown field(s) for a {action} request: {', '.join(unknown)}")
+        return Request(action=action, stop=None)
     if action == "stop":
         fields = {key: value for key, value in content.items() if key not in ("schema", "action")}
         return Request(action="stop", stop=parse_stop(fields))
-    raise SchemaError('"action" must be "summary" or "stop"')
+    raise SchemaError('"action" must be "summary", "waits" or "stop"')
 
 
 def summary_request() -> dict[str, Any]:
     """The content of a summary request."""
     return {"schema": SCHEMA, "action": "summary"}
+
+
+def waits_request() -> dict[str, Any]:
+    """The content of a waits request."""
+    return {"schema": SCHEMA, "action": "waits"}
 
 
 def stop_request(stop: StopRequest) -> dict[str, Any]:
@@ -223,6 +252,27 @@ class KernelSummary(TypedDict):
     rss: int | None
     gpu: list[GpuUse]
     last_stop: LastStop | None
+
+
+class WaitingThread(TypedDict):
+    """A thread that waits, or holds what another waits for (see the module docstring)."""
+
+    tid: int
+    name: str
+    waits: str | None
+    owner_tid: int | None
+    holds: list[str]
+    stack: list[str]
+
+
+class Deadlock(TypedDict):
+    tids: list[int]
+    text: str
+
+
+class WaitsReport(TypedDict):
+    threads: list[WaitingThread]
+    deadlocks: list[Deadlock]
 
 
 def ok_reply(action: Action, key: str, value: object) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from nbcoord.core.callbacks import Callbacks
 from nbcoord.core.internals import WAITING_FUNCTIONS, calling_frame, current_frames
 from nbcoord.core.records import CellInfo, ThreadFailure, ThreadRecord
 from nbcoord.core.registry import Registry
+from nbcoord.core.schema import WaitsReport
 
 log = logging.getLogger("nbcoord")
 
@@ -175,6 +176,7 @@ class Snapshot(TypedDict):
     outputs: list[OutputRow]  # background output routed home, one row per output area (nbcoord/kernel/output.py)
     resources: dict[str, Any] | None
     last_stop: dict[str, Any] | None
+    waits: WaitsReport | None  # what blocked threads wait on, and deadlocks: only when asked (Host.snapshot(waits=))
 
 
 class SharedRow(dict):  # type: ignore[type-arg]
@@ -426,6 +428,7 @@ class SnapshotBuilder:
             outputs=[],
             resources=None,
             last_stop=self.last_stop,
+            waits=None,
         )
         self._apply_sources(snapshot)
         snapshot["zombie_count"] += sum(1 for row in snapshot["ledger"] if row["zombie"] is not None)

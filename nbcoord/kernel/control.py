@@ -8,6 +8,9 @@ as not answering, and goes on with the others.
 
 - A **summary** request is answered on the control thread at once: :func:`build_summary` of one snapshot (counts,
   a few rows, no stacks; a few milliseconds).
+- A **waits** request is answered on the control thread at once: :meth:`nbcoord.core.host.Host.waits` (what each
+  blocked thread waits on, and deadlocks, with stacks). A main thread blocked on a lock lets this thread run, so
+  a kernel whose cell is deadlocked still answers it.
 - A **stop** request is checked on the control thread (an error reply at once if it is not valid), then run by one
   stop thread of this module's, ``nbcoord-control-stop`` (started by the first stop request), through the
   extension's one bounded stop; its report is sent back from the control thread's event loop when the stop ends.
@@ -208,6 +211,9 @@ class ControlRoute:
             _log_rejected("nbcoord: refused a malformed control request (%s): %s", type(error).__name__, short(content))
             self._send(stream, idents, msg, error_reply("invalid", f"malformed request ({type(error).__name__})"))
             return
+        if request["action"] == "waits":
+            self._send(stream, idents, msg, self._waits_reply())
+            return
         if stop is None:
             self._send(stream, idents, msg, self._summary_reply())
             return
@@ -229,6 +235,14 @@ class ControlRoute:
             log.warning("nbcoord: the summary for the server failed", exc_info=True)
             return error_reply("failed", f"the snapshot failed: {type(error).__name__}: {error}")
         return ok_reply("summary", "summary", summary)
+
+    def _waits_reply(self) -> dict[str, Any]:
+        try:
+            waits = self._host.waits()
+        except Exception as error:
+            log.warning("nbcoord: the waits report for the server failed", exc_info=True)
+            return error_reply("failed", f"the waits report failed: {type(error).__name__}: {error}")
+        return ok_reply("waits", "waits", waits)
 
     def _send(self, stream: Any, idents: Any, parent: Any, content: dict[str, Any]) -> None:
         """Send a reply; on the control thread only (the stream is not thread-safe)."""
