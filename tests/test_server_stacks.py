@@ -47,6 +47,8 @@ def stacks(server: FleetServer, kernel_id: str, native: bool = False) -> dict[st
 
 def test_a_c_call_holding_the_gil_is_read_from_outside(server: FleetServer) -> None:
     kernel_id, kernel = started(server, "gil")
+    # The number the front end shows for the cell: the one after the last cell's.
+    count = kernel.run("pass")["content"]["execution_count"] + 1
     msg_id = kernel.submit(GIL_CELL.format(n=N))
 
     def in_the_call() -> dict[str, Any] | None:
@@ -56,8 +58,7 @@ def test_a_c_call_holding_the_gil_is_read_from_outside(server: FleetServer) -> N
 
     read = wait_until(in_the_call, timeout=30, interval=0.1, what="the main thread in the C call, holding the GIL")
     main = read["main"]
-    count = main["cell"]
-    assert main["line"] == 1 and main["since_exact"], main
+    assert main["cell"] == count and main["line"] == 1 and main["since_exact"], (count, main)
     assert f"holding the GIL, cell [{count}], line 1 in <module>" in main["doing"], main
     # Read without stopping the kernel.
     assert read["paused_ms"] == 0 and read["native"] is False
@@ -80,7 +81,7 @@ def test_a_c_call_holding_the_gil_is_read_from_outside(server: FleetServer) -> N
 
     # The cell's result is unchanged by the reads.
     reply = kernel.reply(msg_id, timeout=120)
-    assert reply["content"]["status"] == "ok"
+    assert reply["content"]["status"] == "ok" and reply["content"]["execution_count"] == count
     assert kernel.evaluate("total") == N * (N - 1) // 2
     # Idle again: the main thread runs no cell.
     assert stacks(server, kernel_id)["main"]["doing"] == "not running a cell"
@@ -125,12 +126,13 @@ def native_ids(kernel: Attached, names: list[str]) -> dict[str, int]:
 
 def test_waits_are_named_from_outside(server: FleetServer) -> None:
     kernel_id, kernel = started(server, "waits")
-    reply = kernel.run(WAITERS)
-    count = reply["content"]["execution_count"]
+    kernel.run(WAITERS)
     ids = native_ids(kernel, ["event-waiter", "queue-waiter", "c-sleeper", "joiner"])
+    pid = server.kernel_pid(kernel)
 
     def named() -> dict[str, dict[str, Any]] | None:
-        threads = by_name(stacks(server, kernel_id, native=True), ids)
+        # The outside read alone (what the server has when the kernel cannot answer), made by this process.
+        threads = by_name(dict(read_stacks(pid, native=True)), ids)
         return threads if threads["joiner"]["waits"] and threads["queue-waiter"]["waits"] else None
 
     threads = wait_until(named, timeout=30, interval=0.5, what="the waits named")
@@ -141,8 +143,10 @@ def test_waits_are_named_from_outside(server: FleetServer) -> None:
     symbols = [frame["symbol"] for frame in threads["c-sleeper"]["native"]]
     sleeps = ("clock_nanosleep", "__GI___clock_nanosleep", "sleep", "__sleep")
     assert any(symbol.startswith(sleeps) for symbol in symbols[-6:]), symbols
-    assert threads["c-sleeper"]["state"] == "S"
-    assert count >= 2
+    # Through the server, while the kernel can answer, its own account replaces what the frames say.
+    served = by_name(stacks(server, kernel_id), ids)
+    assert served["joiner"]["waits"].startswith("thread 'c-sleeper'"), served["joiner"]
+
 
 def test_a_deadlock_shows_both_threads_waiting_in_the_cell(server: FleetServer) -> None:
     kernel_id, kernel = started(server, "deadlock")
@@ -157,11 +161,57 @@ def test_a_deadlock_shows_both_threads_waiting_in_the_cell(server: FleetServer) 
     threads = wait_until(stuck, timeout=30, interval=0.5, what="both threads at their second `with`")
     for name, line in (("one", 7), ("two", 12)):
         frames = threads[name]["frames"]
-        # The cell's file is known by the mark only while that cell runs: later cells' threads show the file.
+        # From outside, the cell's file is known by the mark only while that cell runs: these frames show the file.
         assert frames[-1]["line"] == line and frames[-1]["function"] == name, frames
-        assert threads[name]["waits"] == "a lock", threads[name]
         assert not threads[name]["holds_gil"]
-    assert count >= 2
+        # The kernel's control thread answered too (the main thread is free): its account names the cell.
+        assert threads[name]["stack_inside"][-1] == f"cell [{count}], line {line} in {name}", threads[name]
+    read = stacks(server, kernel_id)
+    assert read["waits_from_kernel"] is True
+    [deadlock] = read["deadlocks"]
+    assert sorted(deadlock["tids"]) == sorted(ids.values())
+    assert deadlock["text"] in (
+        "deadlock: thread 'one' holds first and waits for second; thread 'two' holds second and waits for first",
+        "deadlock: thread 'two' holds second and waits for first; thread 'one' holds first and waits for second",
+    ), deadlock
+
+
+MAIN_DEADLOCK = textwrap.dedent("""\
+    import threading
+    a, b = threading.Lock(), threading.Lock()
+    main_holds_a = threading.Event()
+    def worker():
+        with b:
+            main_holds_a.wait()
+            with a:
+                pass
+    threading.Thread(target=worker, name="worker", daemon=True).start()
+    with a:
+        main_holds_a.set()
+        with b:
+            pass
+    """)
+
+
+def test_a_main_thread_deadlocked_with_a_thread_is_named_while_the_cell_hangs(server: FleetServer) -> None:
+    kernel_id, kernel = started(server, "main-deadlock")
+    kernel.submit(MAIN_DEADLOCK)
+
+    def named() -> dict[str, Any] | None:
+        read = stacks(server, kernel_id)
+        return read if read["deadlocks"] and read["main"] and read["main"]["cell"] is not None else None
+
+    read = wait_until(named, timeout=30, interval=0.3, what="the deadlock of the main thread named")
+    count = read["main"]["cell"]
+    assert "thread 'worker' holds b and waits for a" in read["deadlocks"][0]["text"], read["deadlocks"]
+    main = next(t for t in read["threads"] if t["main"])
+    assert main["frames"][-1]["where"] == f"cell [{count}], line 12 in <module>"
+    assert read["main"]["doing"].startswith(f"running cell [{count}], line 12 in <module>, for "), read["main"]
+    # The way out that works here: an interrupt ends the main thread's wait.
+    server.api("POST", f"/api/kernels/{kernel_id}/interrupt", {})
+    wait_until(lambda: stacks(server, kernel_id)["main"]["doing"] == "not running a cell", timeout=30,
+               what="the cell interrupted")  # fmt: skip
+
 
 # ---------------------------------------------------------------------------------------- refused and bad requests
 def test_bad_requests_are_refused_and_named(server: FleetServer) -> None:

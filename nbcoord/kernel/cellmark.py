@@ -46,11 +46,7 @@ def install(host: Host) -> Callable[[], None]:
         )
         return lambda: None
 
-    # The time the running cell began, shared by the cell's code objects (a cell compiles to one per statement
-    # group); set when IPython's execution count moves.
-    began: dict[str, int] = {"count": -1, "ms": 0}
-
-    wrapper = _marked(original, shell, began)
+    wrapper = _marked(original, host)
     shell.run_code = wrapper
 
     def uninstall() -> None:
@@ -62,13 +58,14 @@ def install(host: Host) -> Callable[[], None]:
     return uninstall
 
 
-def _marked(original: Callable[..., Any], shell: Any, began: dict[str, int]) -> Callable[..., Any]:
+def _marked(original: Callable[..., Any], host: Host) -> Callable[..., Any]:
     @functools.wraps(original)
     async def run_code(code_obj: Any, result: Any = None, *, async_: bool = False) -> Any:
-        nbcoord_cell = shell.execution_count
-        if nbcoord_cell != began["count"]:
-            began["count"], began["ms"] = nbcoord_cell, int(time.time() * 1000)
-        nbcoord_since_ms = began["ms"]
+        # The registry's running cell, as the rest of nbcoord numbers it (IPython 9 has already moved its own
+        # execution_count on when the code runs; 8 has not).
+        cell = host.registry.current_cell()
+        nbcoord_cell = cell.execution_count if cell is not None else -1
+        nbcoord_since_ms = int(cell.started_at * 1000) if cell is not None else int(time.time() * 1000)
         nbcoord_file = str(getattr(code_obj, "co_filename", ""))
         outcome = await original(code_obj, result, async_=async_)
         # Referenced after the await, so that every compiler keeps them as locals of this frame while the cell runs.

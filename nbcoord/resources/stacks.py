@@ -263,6 +263,8 @@ def _find_mark(threads: Iterable[Any]) -> _Mark | None:
                     since = int(found[SINCE_LOCAL]) / 1000 if SINCE_LOCAL in found else None
                 except ValueError:
                     continue
+                if cell < 0:  # code run outside a cell nbcoord saw begin (a silent execution)
+                    continue
                 return _Mark(cell=cell, file=str(found[FILE_LOCAL]).strip("\"'"), since=since)
     return None
 

@@ -28,11 +28,11 @@ from typing import Any, Literal
 
 from nbcoord.core.schema import (
     REQUEST,
-    SCHEMA,
     KernelSummary,
     StopRequest,
     stop_request,
     summary_request,
+    waits_request,
 )
 from nbcoord.server._gpu import GpuStatus, Nvml
 from nbcoord.server._link import KernelLink, LinkClosed, Reply
@@ -383,9 +383,7 @@ class Fleet:
         if state.presence == "absent":
             return None
         try:
-            reply, _absent = await self._exchange(
-                self._link(state, km), state, {"schema": SCHEMA, "action": "waits"}, WAITS_TIMEOUT_S
-            )
+            reply, _absent = await self._exchange(self._link(state, km), state, waits_request(), WAITS_TIMEOUT_S)
         except (LinkClosed, Exception):
             log.debug("nbcoord: asking kernel %s for waits failed", shown(kernel_id), exc_info=True)
             return None

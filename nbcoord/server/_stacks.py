@@ -140,8 +140,14 @@ def merge_waits(answer: dict[str, Any], waits: dict[str, Any] | None) -> None:
     by_tid = {row.get("tid"): row for row in waits.get("threads", []) if isinstance(row, dict)}
     for thread in answer.get("threads", []):
         inside = by_tid.get(thread["tid"])
-        if inside is not None and isinstance(inside.get("waits"), str):
+        if inside is None:
+            continue
+        if isinstance(inside.get("waits"), str):
             thread["waits"] = inside["waits"]
+        if inside.get("stack"):
+            # The kernel's own account names every cell's frames ("cell [2], line 7 in one"), not only the
+            # running cell's.
+            thread["stack_inside"] = inside["stack"]
     deadlocks = waits.get("deadlocks")
     if isinstance(deadlocks, list) and deadlocks:
         answer["deadlocks"] = deadlocks

@@ -26,6 +26,7 @@ from nbcoord.server._text import NAME_CHARS, TEXT_CHARS, echoed, shown
 MAX_ENTRIES = 64
 #: The most threads and deadlocks kept of a kernel's waits reply.
 MAX_WAIT_ROWS = 300
+MAX_STACK_LINES = 40
 _COUNT_MAX = 2**63
 _NUMBER_MAX = 1e18
 
@@ -174,8 +175,11 @@ def checked_waits(waits: object) -> dict[str, Any] | None:
     threads = []
     for row in waits.get("threads", [])[:MAX_WAIT_ROWS] if isinstance(waits.get("threads"), list) else []:
         if isinstance(row, dict) and _whole(row.get("tid")):
-            text = row.get("waits")
-            threads.append({"tid": row["tid"], "waits": shown(text, TEXT_CHARS) if isinstance(text, str) else None})
+            text, stack = row.get("waits"), row.get("stack")
+            stack = stack if isinstance(stack, list) else []
+            lines = [shown(line, TEXT_CHARS) for line in stack[-MAX_STACK_LINES:] if isinstance(line, str)]
+            threads.append({"tid": row["tid"], "waits": shown(text, TEXT_CHARS) if isinstance(text, str) else None,
+                            "stack": lines})  # fmt: skip
     deadlocks = []
     for row in waits.get("deadlocks", [])[:MAX_WAIT_ROWS] if isinstance(waits.get("deadlocks"), list) else []:
         tids = row.get("tids") if isinstance(row, dict) else None
