@@ -260,3 +260,30 @@ def test_the_servers_strings_are_text(page: Any, server: Server) -> None:  # noq
     text = banner(page).inner_text()
     assert HOSTILE in text
     assert "evil\\u202eexe.txt\\nnext\\u0000\\u200d" in text
+
+
+def test_native_frames_only_on_a_click(page: Any, server: Server) -> None:  # noqa: F811
+    mount(page, base_state(header=header(running_cell=3, running_since=NOW - 2)))
+    page.clock.run_for(2_100)
+    page.locator(".nbc-banner", has_text="busy in builtin_sum").wait_for(timeout=5_000)
+    assert all("native" not in r["url"] for r in server.requests)
+    body = answer()
+    frames = [{"symbol": "_start", "library": "python3.11"}, {"symbol": HOSTILE, "library": "libpython3.11.so.1.0"},
+              {"symbol": "builtin_sum", "library": "libpython3.11.so.1.0"}]  # fmt: skip
+    body["threads"] = [{"tid": 4242, "name": "MainThread", "main": True, "holds_gil": True, "state": "running",
+                        "frames": [], "native": frames, "waits": None}]  # fmt: skip
+    server.body = body
+    page.get_by_role("button", name="Native frames").click()
+    line = page.locator(".nbc-native")
+    line.wait_for(timeout=5_000)
+    assert server.requests[-1]["url"].endswith("/stacks?native=1")
+    assert line.inner_text() == (
+        f"Main thread, native, innermost first: builtin_sum (libpython3.11.so.1.0) \u2190 {HOSTILE} "
+        "(libpython3.11.so.1.0) \u2190 _start (python3.11)"
+    )
+    assert page.locator(".nbc-banner img").count() == 0
+    asked = len(server.requests)
+    page.clock.run_for(2_000)  # the reads that follow leave native frames out
+    page.wait_for_function("() => true")
+    assert len(server.requests) == asked + 1
+    assert not server.requests[-1]["url"].endswith("native=1")

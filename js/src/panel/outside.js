@@ -31,8 +31,11 @@ function xsrfHeaders() {
 /**
  * What one read of the stacks gave: an answer (``available`` false carries the server's one-sentence reason), or
  * no server to ask (``missing``: no nbcoord extension there, or one without the endpoint), or a failure.
- * @typedef {{ kind: "answer", available: boolean, reason: string | null, main: MainThread | null, readAt: number }
- *   | { kind: "missing" } | { kind: "failed", why: string }} StacksRead
+ * @typedef {{
+ *   kind: "answer", available: boolean, reason: string | null, main: MainThread | null, readAt: number,
+ *   native: Array<{symbol: string, library: string}>,
+ * } | { kind: "missing" } | { kind: "failed", why: string }} StacksRead
+ * native: the main thread's native frames, innermost last (empty unless asked for and read).
  */
 
 /**
@@ -71,7 +74,18 @@ export async function readStacks(base, kernelId, options = {}) {
     reason: typeof body.reason === "string" ? body.reason : null,
     main: mainOf(body.main),
     readAt: isNum(body.read_at) ? body.read_at : Date.now() / 1000,
+    native: nativeOf(body),
   };
+}
+
+/** The main thread's native frames of an answer, innermost last. @param {any} body */
+function nativeOf(body) {
+  const threads = Array.isArray(body.threads) ? body.threads : [];
+  const main = threads.find((t) => t && t.main === true);
+  const frames = main && Array.isArray(main.native) ? main.native : [];
+  return frames
+    .filter((f) => f && typeof f.symbol === "string")
+    .map((f) => ({ symbol: String(f.symbol), library: typeof f.library === "string" ? f.library : "" }));
 }
 
 /** The main thread of an answer, or null when it is missing or malformed. @param {any} main @returns {MainThread | null} */

@@ -19,6 +19,9 @@ export const CONFIRM_MS = 5000;
 
 export const INTERRUPT_WHY = "Interrupt sends SIGINT: ends Python code, not a C call that never checks signals.";
 export const RESTART_WHY = "Restart ends the kernel and everything in it; variables are lost.";
+export const NATIVE_WHY = "Reads the main thread's C frames too; pauses the kernel about 0.2 s.";
+/** How many of the main thread's native frames are shown, innermost first. */
+const NATIVE_SHOWN = 8;
 
 /**
  * The status line and the banner (busy in a C call, a kernel that does not answer, a kernel gone). While the kernel
@@ -38,14 +41,19 @@ export function statusSection(v) {
   const restart = /** @type {HTMLButtonElement} */ (h("button", "nbc-btn danger", "Restart"));
   interrupt.dataset.way = "interrupt";
   restart.dataset.way = "restart";
+  const nativeButton = /** @type {HTMLButtonElement} */ (h("button", "nbc-btn", "Native frames"));
+  nativeButton.dataset.way = "native";
+  const nativeLine = h("div", "nbc-native nbc-small");
   const verdict = h("div", "nbc-verdict");
   const ways = h("div", "nbc-ways");
-  ways.append(
-    h("div", "nbc-way"), h("div", "nbc-way"),
-  );
-  ways.children[0].append(interrupt, h("span", "nbc-small", INTERRUPT_WHY));
-  ways.children[1].append(restart, h("span", "nbc-small", RESTART_WHY));
-  banner.append(bannerText, ways, verdict);
+  /** @type {Array<[HTMLButtonElement, string]>} */
+  const offers = [[interrupt, INTERRUPT_WHY], [restart, RESTART_WHY], [nativeButton, NATIVE_WHY]];
+  for (const [button, why] of offers) {
+    const line = h("div", "nbc-way");
+    line.append(button, h("span", "nbc-small", why));
+    ways.append(line);
+  }
+  banner.append(bannerText, nativeLine, ways, verdict);
 
   /** The reads of the kernel's stacks from outside, this view's. */
   const asker = {
@@ -64,6 +72,9 @@ export function statusSection(v) {
     verdict: "",
     /** @type {number | null} */ armedAt: null,
     restarting: false,
+    /** the main thread's native frames as last read on a click ("" none), and whether a read runs */
+    native: "",
+    readingNative: false,
   };
   /** @type {Set<ReturnType<typeof setTimeout>>} */
   const timers = new Set();
@@ -189,6 +200,12 @@ export function statusSection(v) {
     restart.classList.toggle("armed", armed);
     setText(verdict, offer ? way.verdict : "");
     verdict.hidden = !offer || !way.verdict;
+    const withNative = offer && outsideOf(model).base !== null && !asker.missing;
+    const nativeWay = /** @type {HTMLElement} */ (nativeButton.parentElement);
+    if (nativeWay.hidden !== !withNative) nativeWay.hidden = !withNative;
+    setText(nativeButton, way.readingNative ? "Reading…" : "Native frames");
+    setText(nativeLine, withNative ? way.native : "");
+    nativeLine.hidden = !withNative || !way.native;
   }
 
   /** The kernel answers again: the ways out start over. */
@@ -197,6 +214,27 @@ export function statusSection(v) {
     way.before = null;
     way.verdict = "";
     way.armedAt = null;
+    way.native = "";
+  }
+
+  /** The user asked for the main thread's native frames: read once, with ``?native=1``. */
+  function onNative() {
+    const { id, base } = outsideOf(model);
+    if (way.readingNative || !id || base === null) return;
+    way.readingNative = true;
+    mark("status");
+    readStacks(base, id, { native: true }).then((read) => {
+      way.readingNative = false;
+      if (read.kind !== "answer") way.native = read.kind === "failed" ? `Native frames not read: ${read.why}` : "";
+      else if (!read.available) way.native = `Native frames not read: ${read.reason || "the server cannot read them"}`;
+      else if (!read.native.length) way.native = "No native frames were read for the main thread.";
+      else {
+        const frames = read.native.slice(-NATIVE_SHOWN).reverse()
+          .map((f) => (f.library ? `${f.symbol} (${f.library})` : f.symbol));
+        way.native = `Main thread, native, innermost first: ${frames.join(" ← ")}`;
+      }
+      mark("status");
+    });
   }
 
   function onInterrupt() {
@@ -265,8 +303,10 @@ export function statusSection(v) {
     const target = event.target instanceof Element ? event.target.closest("[data-way]") : null;
     if (!target || ui.stale) return;
     event.stopPropagation();
-    if (/** @type {HTMLElement} */ (target).dataset.way === "interrupt") onInterrupt();
-    else onRestart();
+    const which = /** @type {HTMLElement} */ (target).dataset.way;
+    if (which === "interrupt") onInterrupt();
+    else if (which === "restart") onRestart();
+    else onNative();
   }
   ways.addEventListener("click", onClick);
 
