@@ -86,6 +86,12 @@ def test_a_kernel_stuck_in_a_c_call_is_read_from_outside_and_restarted(
     notebook.wait_shown(verdict, 6, "the verdict")
     assert wait_until(in_c_call(pid), 5, 0.05, "the C call, still running after Interrupt")
 
+    # Native frames, on a click only: the C function the main thread is in.
+    notebook.panel.get_by_role("button", name="Native frames").click()
+    native = notebook.panel.locator(".nbc-native", has_text="builtin_sum")
+    notebook.wait_shown(native, 15, "the main thread's native frames")
+    record_property(f"{app}-native-frames", native.inner_text()[:300])
+
     seen = notebook.page.evaluate("() => { clearInterval(window.nbcRecorder); return window.nbcSeen; }")
     assert len(seen) >= 30, seen
     idle = [(round(at), line) for at, line, _ in seen if "kernel idle" in line]
