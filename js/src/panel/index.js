@@ -20,7 +20,11 @@
  *
  * The kernel acknowledges every click at once ("ack"); a click without an acknowledgement within a second was
  * not handled, because the kernel's main thread holds the GIL in a C call: the panel says so, and since when.
- * While a cell runs the kernel sends a beat every interval; when beats stop the panel says the same.
+ * While a cell runs the kernel sends a beat every interval; when beats stop the panel says the same. A kernel that
+ * owes an answer (a running cell, a busy page, an execute request the page sent, a click) and has said nothing for
+ * 2 s is read from outside: nbcoord's server extension reads its stacks (outside.js), and the banner says where
+ * its main thread is and offers Interrupt and Restart (quiet.js, sections/status.js). The status line never says
+ * "kernel idle" while the kernel is silent: the busy status of a cell that holds the GIL waits behind it too.
  * A view whose kernel is gone (restarted, shut down) says so at once, greys out and disables its buttons.
  *
  * The sources are small modules bundled into one file (js/build.mjs, esbuild): anywidget loads the panel as one

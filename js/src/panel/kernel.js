@@ -5,19 +5,29 @@
  */
 
 /**
- * The URL of nbcoord's server page (every kernel of this Jupyter server), from the page's Jupyter config
- * (JupyterLab, Notebook 7); null where there is none (VS Code).
+ * The Jupyter server's base URL, from the page's Jupyter config (JupyterLab, Notebook 7), ending in "/"; null
+ * where there is none (VS Code).
  * @returns {string | null}
  */
-export function fleetUrl() {
+export function baseUrl() {
   const node = document.getElementById("jupyter-config-data");
   if (!node) return null;
   try {
     const base = JSON.parse(node.textContent || "{}").baseUrl;
-    return typeof base === "string" ? `${base.replace(/\/?$/, "/")}nbcoord/` : null;
+    return typeof base === "string" ? base.replace(/\/?$/, "/") : null;
   } catch (err) {
     return null;
   }
+}
+
+/**
+ * The URL of nbcoord's server page (every kernel of this Jupyter server); null where the page has no Jupyter
+ * config (VS Code).
+ * @returns {string | null}
+ */
+export function fleetUrl() {
+  const base = baseUrl();
+  return base === null ? null : `${base}nbcoord/`;
 }
 
 /**

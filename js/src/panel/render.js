@@ -51,6 +51,10 @@ export function render({ model, el }) {
     lastHeard: Date.now() / 1000,
     /** kernel time at which the page's kernel status last turned busy */
     busySince: /** @type {number | null} */ (null),
+    /** performance.now() at which the page's kernel status last turned busy */
+    busyAt: /** @type {number | null} */ (null),
+    /** @type {Map<string, number>} the page's execute requests without a reply yet: msg_id -> performance.now() */
+    executes: new Map(),
     /** @type {string | null} nbcoord's server page, once the server says it is there */
     fleet: null,
     /** @type {{at: number, why: string} | null} set once the kernel of this view is gone */
@@ -196,6 +200,7 @@ export function render({ model, el }) {
     if (ui.stale) return;
     ui.stale = { at: kernelNow(), why };
     ui.pending.clear();
+    ui.executes.clear();
     root.classList.add("stale");
     root.setAttribute("aria-disabled", "true");
     for (const node of root.querySelectorAll("button")) /** @type {HTMLButtonElement} */ (node).disabled = true;
@@ -235,11 +240,30 @@ export function render({ model, el }) {
   function onKernelStatus(_sender, state) {
     if (state === "busy") {
       if (ui.busySince === null) ui.busySince = kernelNow();
+      if (ui.busyAt === null) ui.busyAt = performance.now();
     } else if (state === "idle") {
       ui.busySince = null;
+      ui.busyAt = null;
     }
     if (["dead", "restarting", "autorestarting"].includes(state)) checkKernel();
     mark("status");
+  }
+
+  /**
+   * The page's execute requests and their replies: a cell the page sent and the kernel has not answered is work
+   * the kernel owes, even while its busy status waits behind the GIL (the page then still says idle).
+   * @param {unknown} _sender @param {any} args
+   */
+  function onAnyMessage(_sender, args) {
+    const msg = args && args.msg;
+    const type = msg && msg.header && msg.header.msg_type;
+    if (args.direction === "send" && type === "execute_request" && !(msg.content && msg.content.silent)) {
+      ui.executes.set(String(msg.header.msg_id), performance.now());
+      if (ui.executes.size > 64) ui.executes.delete(ui.executes.keys().next().value);
+      mark("status");
+    } else if (args.direction === "recv" && type === "execute_reply" && msg.parent_header) {
+      if (ui.executes.delete(String(msg.parent_header.msg_id))) mark("status");
+    }
   }
 
   // ------------------------------------------------------------------------------------------- events
@@ -372,7 +396,7 @@ export function render({ model, el }) {
   /** @type {Array<[any, (sender: unknown, value: any) => void]>} the kernel connection's signals we follow */
   const signals = [];
   for (const [name, slot] of /** @type {Array<[string, (sender: unknown, value: any) => void]>} */ (
-    [["statusChanged", onKernelStatus], ["iopubMessage", onIopub]])) {
+    [["statusChanged", onKernelStatus], ["iopubMessage", onIopub], ["anyMessage", onAnyMessage]])) {
     const signal = kernel && kernel[name];
     if (!signal || typeof signal.connect !== "function") continue;
     try {
@@ -382,7 +406,10 @@ export function render({ model, el }) {
       // a kernel connection of another shape: the ticker still polls its status
     }
   }
-  if (kernel && kernel.status === "busy") ui.busySince = kernelNow();
+  if (kernel && kernel.status === "busy") {
+    ui.busySince = kernelNow();
+    ui.busyAt = performance.now();
+  }
   root.addEventListener("click", onClick);
   const ticker = setInterval(tick, TICK_MS);
   const renew = setInterval(() => send({ type: "view", view_id: viewId, action: "alive" }), RENEW_MS);

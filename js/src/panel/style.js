@@ -44,6 +44,10 @@ body[data-jp-theme-light="false"] .nbc { --nbc-err: var(--jp-error-color2, #e573
 .nbc-status { margin-top: 3px; }
 .nbc-banner { margin-top: 4px; padding: 3px 8px; border-left: 3px solid var(--nbc-warn);
   background: var(--nbc-bg2); color: var(--nbc-fg); }
+.nbc-ways { margin-top: 3px; display: grid; gap: 2px; }
+.nbc-way { display: flex; gap: 8px; align-items: baseline; }
+.nbc-way .nbc-btn { min-width: 9em; }
+.nbc-verdict { margin-top: 3px; font-weight: 600; }
 .nbc-sec { margin-top: 7px; padding-top: 5px; border-top: 1px solid var(--nbc-line); }
 .nbc-sec-title { font-weight: 600; margin-bottom: 3px; display: flex; gap: 8px; align-items: baseline; flex-wrap: wrap; }
 .nbc-filter { font: inherit; font-size: var(--jp-ui-font-size0, 11px); font-weight: 400; margin-left: auto;
