@@ -47,6 +47,7 @@ PLAN: list[tuple[str, list[str], list[str]]] = [
     ("flood", [], ["--clicks", "10000"]),
     ("tf_interrupt", [], ["--quick"]),
     ("server", [], ["--quick"]),
+    ("stacks", [], ["--reads", "5"]),
     ("output", [], ["--quick"]),
     ("ledger", [], ["--quick"]),
     ("idle", ["--window", "30", "--loads", "5"], ["--window", "10", "--loads", "2"]),

@@ -164,6 +164,15 @@ class Extension:
 
         return reclaim(self.host, self.probe, outputs=outputs)
 
+    def native_stacks(self) -> Any:
+        """This kernel's threads with native frames, read by a child process (see
+        :mod:`nbcoord.resources.own_stacks`; imported on first use)."""
+        import os
+
+        from nbcoord.resources.own_stacks import read_own_native
+
+        return read_own_native(os.getpid(), cell_of=self.host.cell_of_file)
+
     def restart_runners(self, session: Any, *, grace: float | None = None) -> dict[str, Any]:
         """Restart a TensorFlow session's queue runners (see :func:`nbcoord.restart_runners`)."""
         grace = checks.optional_seconds("grace", grace)

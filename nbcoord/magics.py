@@ -57,6 +57,7 @@ class Engine(Protocol):
     def degraded(self) -> dict[str, str]: ...
     def fresh_resources(self) -> None: ...
     def reclaim(self, *, outputs: bool = False) -> Any: ...
+    def native_stacks(self) -> Any: ...
     def restart_runners(self, session: Any, *, grace: float | None = None) -> dict[str, Any]: ...
     def panel(self) -> Any: ...
 
@@ -88,6 +89,10 @@ class NBCoordMagics(Magics):
     @argument("settings", nargs="*", help="for config: name=value pairs; for restart: the session id")
     @argument("--all", action="store_true", help="threads: include threads that existed before loading")
     @argument("--stacks", action="store_true", help="threads/zombies: include each thread's current stack")
+    @argument(
+        "--native", action="store_true",
+        help="threads: the C functions of threads stuck in C (read by a child process; pauses the kernel ~0.3 s)",
+    )
     @argument("--grace", type=float, default=None, help="stop: seconds to wait for threads (default: config)")
     @argument("--force", action="store_true", help="stop: raise an exception in threads that ignore the stop")
     @argument("--cell", type=int, default=None, help="stop: only the threads started by this cell")
@@ -120,6 +125,8 @@ class NBCoordMagics(Magics):
             given = [opt for opt in _STOP_OPTIONS if opt not in allowed and getattr(args, opt) not in (None, False)]
             if given:
                 raise UsageError(f"--{given[0]} only goes with %nbcoord stop.")
+        if command != "threads" and args.native:
+            raise UsageError("--native only goes with %nbcoord threads.")
         if command != "reclaim" and args.outputs:
             raise UsageError("--outputs only goes with %nbcoord reclaim.")
         return getattr(self, f"_cmd_{command}")(args)
@@ -145,6 +152,8 @@ class NBCoordMagics(Magics):
             snapshot, rows, stacks=args.stacks, limit=self.extension.config.max_report_threads
         )
         lines += _report.deadlocks_section(snapshot)
+        if args.native:
+            lines += _report.native_section(self.extension.native_stacks(), snapshot)
         _say("\n".join(lines))
 
     def _cmd_zombies(self, args: Any) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 from nbcoord.core.snapshot import Snapshot, ThreadRow
 from nbcoord.core.stop import StopReport
 from nbcoord.core.text import TEXT_CHARS, shown
+from nbcoord.resources.own_stacks import stuck_in_c
 from nbcoord.resources.probes import format_bytes
 
 
@@ -122,6 +123,24 @@ def deadlocks_section(snapshot: Snapshot) -> list[str]:
             waits_on = shown(row["waits"], TEXT_CHARS)
             lines.append(f"  thread {shown(row['name'])!r} (tid {tid}): {holds}waits on {waits_on}")
             lines += [f"      {shown(frame, TEXT_CHARS)}" for frame in row["stack"]]
+    return lines
+
+
+def native_section(read: Any, snapshot: Snapshot) -> list[str]:
+    """``%nbcoord threads --native``: each thread stuck in C, the C function its Python code called and its innermost
+    native frames (a read from :mod:`nbcoord.resources.own_stacks`)."""
+    if not read["available"]:
+        return [f"Native frames: not read. {shown(read['reason'], TEXT_CHARS)}"]
+    names = {row["native_id"]: row["name"] for row in snapshot["threads"] if row.get("native_id") is not None}
+    stuck = stuck_in_c(read)
+    lines = [f"Native frames (read by a child process; the kernel was paused {read['paused_ms']:.0f} ms): "
+             f"{len(stuck)} of {len(read['threads'])} threads in C"]  # fmt: skip
+    for row in stuck:
+        name = names.get(row["tid"]) or f"{row['os_name']} (not a Python thread)"
+        called = f"in {row['called']}" if row["called"] else "in C"
+        where = f", called from {shown(row['python'], TEXT_CHARS)}" if row["python"] else ""
+        lines.append(f"  thread {shown(name)!r} (tid {row['tid']}): {called}{where}")
+        lines.append(f"      innermost: {' <- '.join(shown(symbol) for symbol in row['innermost'])}")
     return lines
 
 

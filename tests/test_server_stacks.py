@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from helpers import wait_until
+from helpers import Kernel, wait_until
 from server_support import Attached, FleetServer, fleet_server_running
 
 from nbcoord.resources.stacks import called_c_function, read_stacks
@@ -287,6 +287,7 @@ def test_the_kernels_parent_never_stops_it() -> None:
         reader = StacksReader(SimpleNamespace(get_kernel=lambda _kid: manager))
         polls: list[int | None] = []
         tracers: set[int] = set()
+        mine: set[int] = set()
         reading = True
 
         def poll() -> None:  # as often as it can: os.waitpid and reads of /proc release the GIL
@@ -296,6 +297,9 @@ def test_the_kernels_parent_never_stops_it() -> None:
                     tracer = next(int(line.split()[1]) for line in status if line.startswith("TracerPid:"))
                 if tracer:
                     tracers.add(tracer)
+                    # Checked at once: the tracer lives while it traces, and pids are reused (pid_max 32768 here).
+                    if os.path.exists(f"/proc/self/task/{tracer}"):
+                        mine.add(tracer)
 
         poller = threading.Thread(target=poll)
         poller.start()
@@ -312,9 +316,38 @@ def test_the_kernels_parent_never_stops_it() -> None:
             assert read["available"] and read["native"] and read["paused_ms"] > 0, read
         # The reads stopped the child (a tracer was seen), never from this process, its parent.
         # (TracerPid is the tracing thread's id: a thread of this process has an entry under our /proc task list.)
-        mine = {tracer for tracer in tracers if os.path.exists(f"/proc/{os.getpid()}/task/{tracer}")}
         assert tracers and not mine, (tracers, mine)
         assert len(polls) > 100 and set(polls) == {None}, set(polls)
     finally:
         child.kill()
         child.wait()
+
+
+# ------------------------------------------------------------------------------------ %nbcoord threads --native
+NATIVE_THREADS = textwrap.dedent("""\
+    import threading, ctypes, time
+    def in_c():
+        ctypes.CDLL(None).sleep(600)
+    threading.Thread(target=in_c, name="in-c", daemon=True).start()
+    threading.Thread(target=time.sleep, args=(600,), name="py-sleep", daemon=True).start()
+    """)
+
+
+def test_threads_native_names_the_c_function_of_a_thread_stuck_in_c(kernel: Kernel) -> None:
+    """The main thread answers; a child process reads the kernel's native frames (the kernel names it with
+    PR_SET_PTRACER, so that Yama's ptrace_scope 1 lets it)."""
+    count = kernel.run(NATIVE_THREADS).reply["content"]["execution_count"]
+    names = "sorted(t.name for t in threading.enumerate() if t.name in ('in-c', 'py-sleep'))"
+    wait_until(lambda: kernel.evaluate(names) == ["in-c", "py-sleep"], timeout=10, what="both threads")
+    text = kernel.run("%nbcoord threads --native").stdout
+    assert "Native frames (read by a child process; the kernel was paused " in text, text
+    line = next(line for line in text.splitlines() if "thread 'in-c'" in line and "innermost" not in line)
+    # ctypes calls libc's sleep through libffi: the C function Python called is ffi's, the thread's innermost libc's.
+    assert line.endswith(f", called from cell [{count}], line 3 in in_c"), line
+    innermost = text.splitlines()[text.splitlines().index(line) + 1]
+    assert "nanosleep" in innermost or "sleep" in innermost.split(" <- ")[0], innermost
+    assert "thread 'py-sleep'" in text  # time.sleep is C too (select/clock_nanosleep)
+    assert "Usage" not in text
+    error = kernel.run("%nbcoord report --native", allow_error=True)
+    said = error.text + " ".join(str(e.get("evalue", "")) for e in error.errors) + str(error.reply["content"])
+    assert "--native only goes with %nbcoord threads." in said, said

@@ -47,8 +47,9 @@ MAX_THREADS = 300
 MAX_FRAMES = 60
 MAX_NATIVE = 40
 MAX_TEXT = 200
-#: A read while the kernel runs may see a stack change under it; it is tried this many times.
-ATTEMPTS = 3
+#: A read while the kernel runs may see a stack change under it ("Invalid address in remote process"); it is tried
+#: this many times, a few milliseconds apart.
+ATTEMPTS = 5
 
 
 class Frame(TypedDict):
@@ -142,8 +143,9 @@ def read_stacks(pid: int, *, native: bool = False, module: str = "pystack") -> S
             break
         except Exception as failed:  # pystack's EngineError and friends, or a torn read of a running process
             error = failed
-            if not _exists(pid):
+            if not _exists(pid) or not _may_read(pid):
                 break
+            time.sleep(0.005)
     elapsed_ms = (time.perf_counter() - started) * 1000
     if error is not None:
         return unavailable(pid, refusal(pid, error), native=native)
@@ -281,6 +283,8 @@ def called_c_function(native: list[NativeFrame]) -> str | None:
     """The C function the innermost Python frame called (``builtin_sum``): the first frame after the last
     evaluation-loop frame that is not the interpreter's call machinery; None without native frames."""
     last_eval = max((i for i, frame in enumerate(native) if "_PyEval_EvalFrame" in frame["symbol"]), default=-1)
+    if last_eval < 0:  # a thread without Python code (a library's own thread)
+        return None
     for frame in native[last_eval + 1 :]:
         symbol = frame["symbol"].replace(" (inlined)", "")
         if symbol.startswith(("_Py", "PyEval", "PyObject_Call", "PyObject_Vectorcall")) or "vectorcall" in symbol:
@@ -330,7 +334,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("pid", type=int)
     parser.add_argument("--native", action="store_true", help="native frames too (stops the process for the read)")
     parser.add_argument("--module", default="pystack")
+    parser.add_argument("--after-go", action="store_true", help="read after a line on stdin (the target allows us)")
     options = parser.parse_args(argv)
+    if options.after_go:
+        sys.stdin.readline()
     print(json.dumps(read_stacks(options.pid, native=options.native, module=options.module)))
     return 0
 

@@ -66,7 +66,6 @@ class StacksReader:
         reads = self._reads.setdefault(kernel_id, _Reads())
         if native and reads.last_native is not None and time.monotonic() - reads.last_native_at < NATIVE_INTERVAL_S:
             return {"kernel_id": kernel_id, **reads.last_native, "repeated": True}
-        waits_job = asyncio.ensure_future(self._ask_waits(kernel_id)) if self._ask_waits is not None else None
         native_reason = None
         if native:
             found = await self._shared(reads, True, lambda: asyncio.ensure_future(self._native(pid)))
@@ -82,8 +81,10 @@ class StacksReader:
         answer: dict[str, Any] = {"kernel_id": kernel_id, **found}
         if native_reason is not None:
             answer["native_reason"] = native_reason
-        if waits_job is not None:
-            merge_waits(answer, await waits_job)
+        if self._ask_waits is not None:
+            # After the read, not beside it: the kernel's threads answering it would move under a read that does
+            # not stop them.
+            merge_waits(answer, await self._ask_waits(kernel_id))
         return answer
 
     async def _shared(
