@@ -53,8 +53,6 @@ _ALIVE_POLL_S = 0.25
 #: (the kernel then uses its own ``NBCoord.grace_period``).
 STOP_MARGIN_S = 5.0
 DEFAULT_GRACE_BUDGET_S = 10.0
-#: How long a stacks request waits for the kernel's own account of its threads' waits.
-WAITS_TIMEOUT_S = 0.5
 
 Presence = Literal["unknown", "present", "absent"]
 
@@ -373,9 +371,9 @@ class Fleet:
         return None, absent
 
     # -------------------------------------------------------------------------------------------- waits
-    async def ask_waits(self, kernel_id: str) -> dict[str, Any] | None:
+    async def ask_waits(self, kernel_id: str, timeout: float) -> dict[str, Any] | None:
         """What the kernel says its threads wait on (``action: waits``), checked and cut; None where it does not
-        answer within :data:`WAITS_TIMEOUT_S` (a C call holds its GIL) or has no nbcoord."""
+        answer within ``timeout`` (a C call holds its GIL) or has no nbcoord."""
         km = self._manager(kernel_id)
         if km is None or not await is_alive(km):
             return None
@@ -383,7 +381,7 @@ class Fleet:
         if state.presence == "absent":
             return None
         try:
-            reply, _absent = await self._exchange(self._link(state, km), state, waits_request(), WAITS_TIMEOUT_S)
+            reply, _absent = await self._exchange(self._link(state, km), state, waits_request(), timeout)
         except (LinkClosed, Exception):
             log.debug("nbcoord: asking kernel %s for waits failed", shown(kernel_id), exc_info=True)
             return None

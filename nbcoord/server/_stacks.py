@@ -35,7 +35,11 @@ NATIVE_INTERVAL_S = 10.0
 #: How long a request waits for a read (a read of 100 threads takes 0.2-0.4 s here).
 READ_TIMEOUT_S = 10.0
 
-AskWaits = Callable[[str], Awaitable["dict[str, Any] | None"]]
+AskWaits = Callable[[str, float], Awaitable["dict[str, Any] | None"]]
+#: How long a read waits for the kernel's own account of its waits: a kernel whose main thread holds the GIL answers
+#: in about 40 ms if it loops in Python and never if it is in a C call (and the read should not wait for that).
+WAITS_TIMEOUT_S = 0.5
+WAITS_TIMEOUT_GIL_S = 0.15
 
 
 @dataclass
@@ -84,7 +88,9 @@ class StacksReader:
         if self._ask_waits is not None:
             # After the read, not beside it: the kernel's threads answering it would move under a read that does
             # not stop them.
-            merge_waits(answer, await self._ask_waits(kernel_id))
+            main = found["main"]
+            holding = main is not None and main["holds_gil"]
+            merge_waits(answer, await self._ask_waits(kernel_id, WAITS_TIMEOUT_GIL_S if holding else WAITS_TIMEOUT_S))
         return answer
 
     async def _shared(
