@@ -351,3 +351,21 @@ def test_threads_native_names_the_c_function_of_a_thread_stuck_in_c(kernel: Kern
     error = kernel.run("%nbcoord report --native", allow_error=True)
     said = error.text + " ".join(str(e.get("evalue", "")) for e in error.errors) + str(error.reply["content"])
     assert "--native only goes with %nbcoord threads." in said, said
+
+
+def test_a_remote_kernel_is_said_plainly() -> None:
+    """A kernel whose process is not on the server's machine (a remote provisioner: no pid) is not read at all."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from nbcoord.server._stacks import StacksReader
+
+    remote = SimpleNamespace(provisioner=SimpleNamespace(pid=None, process=None))
+    reader = StacksReader(SimpleNamespace(get_kernel=lambda _kid: remote))
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            read = pool.submit(asyncio.run, reader.read("remote", native=False)).result()
+    finally:
+        reader.close()
+    assert read["available"] is False and read["pid"] is None
+    assert read["reason"].startswith("This kernel's process is not on the server's machine (a remote kernel)")
