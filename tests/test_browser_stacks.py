@@ -17,7 +17,7 @@ import psutil
 import pytest
 from browser_support import browser, jupyter_server  # noqa: F401
 from helpers import wait_until
-from test_browser import KERNEL_IDLE_JS, NotebookPage, in_c_call, open_notebook  # noqa: F401
+from notebook_support import KERNEL_IDLE_JS, NotebookPage, in_c_call, open_notebook  # noqa: F401
 
 pytestmark = pytest.mark.browser
 

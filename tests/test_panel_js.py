@@ -23,340 +23,31 @@ from typing import Any
 
 import pytest
 from browser_support import browser  # noqa: F401  (the session's one Chromium)
+from panel_js_support import (  # noqa: F401  (page: the fixture)
+    BIDI,
+    CLOCK_LEAD_MS,
+    FULL_EXTRAS,
+    HARNESS,
+    HOSTILE,
+    NOW,
+    ORIGIN,
+    REPO,
+    base_state,
+    commands,
+    header,
+    mount,
+    page,
+    panel_text,
+    report,
+    sent,
+    set_trait,
+    thread,
+)
 
 pytestmark = pytest.mark.browser
 
-REPO = Path(__file__).resolve().parents[1]
-ORIGIN = "http://nbcoord.test"
-HOSTILE = "<img src=x onerror=alert(1)>"
-#: A name with a right-to-left override, a newline, a NUL and a zero-width joiner.
-BIDI = "evil\u202eexe.txt\nnext\x00\u200d"
-
-HARNESS = """<!doctype html>
-<html><head><meta charset="utf-8"></head><body>
-<div id="host"></div>
-<script type="module">
-import panel, { sendCommand, safe } from "/panel.js";
-class Signal {
-  constructor() { this.slots = []; }
-  connect(fn) { this.slots.push(fn); }
-  disconnect(fn) { this.slots = this.slots.filter((f) => f !== fn); }
-  emit(value) { for (const fn of this.slots) fn(this, value); }
-}
-class FakeModel {
-  constructor(state) {
-    this.state = structuredClone(state);
-    this.listeners = new Map();
-    this.sent = [];
-    this.control = [];
-    this.refuse = false;
-    const control = this.control;
-    this.kernel = {
-      id: "k-1", username: "u", clientId: "c", status: "idle", statusChanged: new Signal(), anyMessage: new Signal(),
-      interrupts: 0, restarts: 0,
-      sendControlMessage(msg, expectReply, dispose) { control.push({ msg, expectReply, dispose }); return null; },
-      interrupt() { this.interrupts += 1; return Promise.resolve(); },
-      restart() { this.restarts += 1; return Promise.resolve(); },
-    };
-    this.widget_manager = { kernel: this.kernel };
-  }
-  get(name) { return this.state[name]; }
-  set(name, value) {
-    this.state[name] = value;
-    this.trigger(`change:${name}`);
-  }
-  trigger(event) { for (const cb of this.listeners.get(event) || []) cb(); }
-  custom(content) { for (const cb of this.listeners.get("msg:custom") || []) cb(structuredClone(content), []); }
-  on(event, cb) {
-    if (!this.listeners.has(event)) this.listeners.set(event, []);
-    this.listeners.get(event).push(cb);
-  }
-  off(event, cb) {
-    const list = this.listeners.get(event) || [];
-    const i = list.indexOf(cb);
-    if (i >= 0) list.splice(i, 1);
-  }
-  send(content) {
-    if (this.refuse) throw new Error("Cannot send");
-    this.sent.push(structuredClone(content));
-  }
-  kernelStatus(status) { this.kernel.status = status; this.kernel.statusChanged.emit(status); }
-  listenerCount() {
-    let n = this.kernel.statusChanged.slots.length;
-    for (const l of this.listeners.values()) n += l.length;
-    return n;
-  }
-}
-window.mount = (state) => {
-  const el = document.createElement("div");
-  document.getElementById("host").appendChild(el);
-  const model = new FakeModel(state);
-  const cleanup = panel.render({ model, el });
-  window.model = model;
-  window.el = el;
-  window.cleanup = cleanup;
-  return true;
-};
-window.sendCommand = sendCommand;
-window.safe = safe;
-window.harnessReady = true;
-</script></body></html>"""
-
-NOW = 1_800_000_000.0  # kernel seconds in the fixtures below; the fake clock stands there when a test starts
-#: How long before NOW the fake clock starts, in its unit (Playwright reads a number as milliseconds; the panel
-#: learns the kernel's clock from the state, so only differences matter): more than a page ever takes to load.
-CLOCK_LEAD_MS = 120_000
-
-
-def thread(tid: str, name: str, cell: int | None, **extra: Any) -> dict[str, Any]:
-    row: dict[str, Any] = {
-        "tid": tid,
-        "name": name,
-        "cell": cell,
-        "state": "running",
-        "zombie": None,
-        "reasons": [],
-        "daemon": True,
-        "owners": [],
-        "started_at": NOW - 100,
-        "last_active": NOW - 0.5,
-        "cpu_s": 1.2,
-        "stop_requested_at": None,
-        "last_exception": None,
-    }
-    row.update(extra)
-    return row
-
-
-def header(**extra: Any) -> dict[str, Any]:
-    value: dict[str, Any] = {
-        "pid": 4242,
-        "threads": 3,
-        "threads_shown": 3,
-        "items": 0,
-        "kernel_threads": 8,
-        "native_threads": 21,
-        "zombies": 1,
-        "queues": 0,
-        "running_cell": None,
-        "running_since": None,
-        "route": "shell-channel",
-        "interval": 1.0,
-        "reclaim": False,
-    }
-    value.update(extra)
-    return value
-
-
-def base_state(**override: Any) -> dict[str, Any]:
-    state: dict[str, Any] = {
-        "header": header(),
-        "threads": [
-            thread(
-                "t3",
-                "leaked",
-                1,
-                zombie="cell-interrupted",
-                reasons=[["cell-interrupted", NOW - 150], ["stop-ignored", NOW - 60]],
-                daemon=False,
-            ),
-            thread("t1", "loader-0", 2),
-            thread("t2", "loader-1", 2, state="waiting", last_active=NOW - 42),
-        ],
-        "ledger": [],
-        "groups": [
-            {"key": "zombies", "cell": None, "threads": 1, "items": 0},
-            {"key": "c2", "cell": 2, "threads": 2, "items": 0},
-        ],
-        "cells": [
-            {"n": 1, "line": "start_leak()", "outcome": "interrupted", "started_at": NOW - 200, "ended_at": NOW - 150},
-            {"n": 2, "line": "start_loaders()", "outcome": "ok", "started_at": NOW - 100, "ended_at": NOW - 99},
-        ],
-        "cell_memory": [],
-        "sessions": [],
-        "queues": [],
-        "blocked": [],
-        "resources": None,
-        "failures": [],
-        "history": {},
-        "last_stop": None,
-        "outcome": None,
-        "stack": None,
-        "clock": None,
-        "beat": None,
-        "ack": None,
-        "_fast_route": {"kind": "shell-channel", "comm_id": "abc"},
-    }
-    state.update(override)
-    return state
-
-
-FULL_EXTRAS: dict[str, Any] = {
-    "queues": [
-        {
-            "id": "q1",
-            "name": "input_queue",
-            "capacity": 10,
-            "size": 7,
-            "closed": False,
-            "enqueue_rate": 12.0,
-            "dequeue_rate": 11.5,
-            "runners": ["t1", "t2"],
-        },
-        {"id": "q2", "name": "unbounded", "capacity": -1, "size": 3, "closed": True},
-    ],
-    "blocked": [
-        {"text": "MainThread has waited 12 s in sess.run on dequeue of input_queue (0 of 10)", "count": 1},
-        {"text": "train blocked {duration} in dequeue of queue `input_queue`", "since": NOW - 4, "count": 3},
-    ],
-    "resources": {
-        "host": {"rss": 300 << 20, "children_rss": 0, "total": 16 << 30},
-        "gpu": {"available": False, "reason": "no NVIDIA driver", "devices": [], "tf_note": None},
-        "children": [{"pid": 77, "cmdline": "sleep 100", "status": "sleeping", "rss": 1 << 20, "cell": 2}],
-    },
-    "history": {
-        "memory": [[NOW - 300, 200 << 20, None, None, 0], [NOW - 100, 300 << 20, None, None, 0]],
-        "queues": {"q1": [[NOW - 60, 2], [NOW - 30, 9], [NOW - 5, 7]]},
-    },
-    "failures": [
-        {
-            "thread_name": "worker",
-            "cell": 2,
-            "exc_type": "ValueError",
-            "message": "bad row",
-            "traceback": "Traceback (most recent call last):\nValueError: bad row",
-            "at": NOW - 20,
-        }
-    ],
-    "sessions": [
-        {
-            "id": "sess-1",
-            "target": "",
-            "closed": False,
-            "cell": 2,
-            "runner_threads": 2,
-            "stuck_runners": 1,
-            "restartable": True,
-            "runners": [
-                {
-                    "tid": "t1",
-                    "name": "QueueRunnerThread-a",
-                    "role": "enqueue",
-                    "queue_name": "input_queue",
-                    "stuck": False,
-                },
-                {
-                    "tid": "t2",
-                    "name": "QueueRunnerThread-b",
-                    "role": "enqueue",
-                    "queue_name": "input_queue",
-                    "stuck": True,
-                    "text": "QueueRunnerThread-b is stuck: no enqueue for {duration}",
-                    "since": NOW - 35,
-                },
-            ],
-        }
-    ],
-    "cell_memory": [
-        {
-            "cell": 2,
-            "held": True,
-            "rss_before": 100 << 20,
-            "rss_after": 100 << 20,
-            "rss_peak": 100 << 20,
-            "gpu_before": 0,
-            "gpu_after": int(2.1 * (1 << 30)),
-            "gpu_peak": 3 << 30,
-        },
-    ],
-}
-
-
-@pytest.fixture
-def page(browser: Any) -> Iterator[Any]:  # noqa: F811
-    module = (REPO / "js" / "panel.js").read_text(encoding="utf-8")
-    context = browser.new_context()
-    page = context.new_page()
-    errors: list[str] = []
-    dialogs: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
-    page.nbc_errors = errors  # a test that causes an error on purpose takes it out
-
-    def on_dialog(dialog: Any) -> None:
-        dialogs.append(dialog.message)
-        dialog.dismiss()
-
-    page.on("dialog", on_dialog)
-
-    def serve(route: Any) -> None:
-        path = route.request.url.removeprefix(ORIGIN)
-        if path == "/panel.js":
-            route.fulfill(status=200, content_type="text/javascript", body=module)
-        elif path in ("/", "/index.html"):
-            route.fulfill(status=200, content_type="text/html", body=HARNESS)
-        else:
-            route.fulfill(status=404, body="")
-
-    page.route(f"{ORIGIN}/**", serve)
-    # The fake clock starts before NOW and, once the page is ready, jumps to NOW and stops there: time moves only
-    # by run_for. A clock left running would add the page's load time to every figure ("idle 30 s" read "idle
-    # 31 s" on a loaded machine).
-    page.clock.install(time=NOW - CLOCK_LEAD_MS)
-    page.goto(f"{ORIGIN}/index.html")
-    page.wait_for_function("window.harnessReady === true")
-    page.clock.pause_at(NOW)
-    yield page
-    assert errors == []
-    assert dialogs == []
-    context.close()
-
-
-def mount(page: Any, state: dict[str, Any]) -> None:
-    page.evaluate("(state) => window.mount(state)", state)
-
-
-def set_trait(page: Any, name: str, value: Any) -> None:
-    page.evaluate("([name, value]) => window.model.set(name, value)", [name, value])
-
-
-def sent(page: Any) -> list[dict[str, Any]]:
-    return list(page.evaluate("window.model.sent"))
-
-
-def commands(page: Any, kind: str) -> list[dict[str, Any]]:
-    return [c for c in sent(page) if c["type"] == kind]
-
-
-def panel_text(page: Any) -> str:
-    return str(page.locator("[data-nbcoord=panel]").inner_text())
-
-
-def report(click_id: str, **extra: Any) -> dict[str, Any]:
-    value: dict[str, Any] = {
-        "scope": "all",
-        "cell": None,
-        "force": False,
-        "started_at": NOW,
-        "took_s": 0.123,
-        "stopped_count": 2,
-        "alive_count": 0,
-        "stopped": [],
-        "alive": [],
-        "items_stopped": 0,
-        "items_alive": [],
-        "stopper_errors": [],
-        "children": {"terminated": [], "killed": [], "alive": []},
-        "click_id": click_id,
-        "click_ids": [click_id],
-        "route": "shell-channel",
-    }
-    value.update(extra)
-    return value
-
-
 # ------------------------------------------------------------------------------------------------ drawing
-def test_renders_threads_by_cell_zombies_first_and_a_zombie_names_its_cell(page: Any) -> None:
+def test_renders_threads_by_cell_zombies_first_and_a_zombie_names_its_cell(page: Any) -> None:  # noqa: F811
     mount(page, base_state())
     panel = page.locator("[data-nbcoord=panel]")
     assert "kernel 4242" in panel.inner_text()
@@ -386,7 +77,7 @@ def test_renders_threads_by_cell_zombies_first_and_a_zombie_names_its_cell(page:
     assert view["client_time"] == pytest.approx(NOW * 1000, abs=5000)
 
 
-def test_draws_queues_memory_failures_sessions_with_ranges(page: Any) -> None:
+def test_draws_queues_memory_failures_sessions_with_ranges(page: Any) -> None:  # noqa: F811
     mount(page, base_state(**FULL_EXTRAS))
     text = panel_text(page)
     assert "input_queue" in text
@@ -446,7 +137,7 @@ def test_draws_queues_memory_failures_sessions_with_ranges(page: Any) -> None:
     assert "Traceback (most recent call last)" in page.locator("[data-section=failures] .nbc-pre").inner_text()
 
 
-def test_ledger_items_are_drawn_with_the_threads_of_their_cell(page: Any) -> None:
+def test_ledger_items_are_drawn_with_the_threads_of_their_cell(page: Any) -> None:  # noqa: F811
     item = {
         "id": "task-3",
         "kind": "task",
@@ -475,7 +166,7 @@ def test_ledger_items_are_drawn_with_the_threads_of_their_cell(page: Any) -> Non
 
 
 # ------------------------------------------------------------------------------------------- keyed updates
-def test_an_update_touches_only_the_rows_that_changed(page: Any) -> None:
+def test_an_update_touches_only_the_rows_that_changed(page: Any) -> None:  # noqa: F811
     rows = [thread(f"t{i}", f"worker-{i}", 2) for i in range(40)]
     groups = [{"key": "c2", "cell": 2, "threads": 40, "items": 0}]
     mount(page, base_state(threads=rows, groups=groups, header=header(threads=40, zombies=0)))
@@ -511,17 +202,17 @@ def test_an_update_touches_only_the_rows_that_changed(page: Any) -> None:
 
 
 
-def rows_message(page: Any, message: dict[str, Any]) -> None:
+def rows_message(page: Any, message: dict[str, Any]) -> None:  # noqa: F811
     """A rows message from the kernel (nbcoord.ui.rowsync), and the view's redraw after it."""
     page.evaluate("(m) => window.model.custom(m)", message)
     page.evaluate("new Promise((resolve) => queueMicrotask(resolve))")
 
 
-def drawn_tids(page: Any) -> list[str]:
+def drawn_tids(page: Any) -> list[str]:  # noqa: F811
     return list(page.evaluate("[...document.querySelectorAll('.nbc-row[data-tid]')].map((n) => n.dataset.tid)"))
 
 
-def test_rows_come_by_difference_keyed_sorted_and_a_view_that_missed_one_asks_for_every_row(page: Any) -> None:
+def test_rows_come_by_difference_keyed_sorted_and_a_view_that_missed_one_asks_for_every_row(page: Any) -> None:  # noqa: F811
     mount(page, base_state())
     assert [c["action"] for c in commands(page, "view")] == ["open"]  # opening asks for every row
     group = {"key": "c2", "cell": 2, "threads": 3, "items": 0}
@@ -563,7 +254,7 @@ def test_rows_come_by_difference_keyed_sorted_and_a_view_that_missed_one_asks_fo
     assert [c["action"] for c in commands(page, "view")] == ["open", "rows", "rows"]
 
 # ----------------------------------------------------------------------------------------------- stops
-def test_stop_all_interrupts_and_stop_background_work_does_not(page: Any) -> None:
+def test_stop_all_interrupts_and_stop_background_work_does_not(page: Any) -> None:  # noqa: F811
     mount(page, base_state())
     page.get_by_role("button", name="Stop all").click()
     (stop,) = commands(page, "stop")
@@ -589,7 +280,7 @@ def test_stop_all_interrupts_and_stop_background_work_does_not(page: Any) -> Non
     assert (force["scope"], force["force"]) == ("all", True)
 
 
-def test_a_row_or_cell_stop_leaves_stop_all_alone(page: Any) -> None:
+def test_a_row_or_cell_stop_leaves_stop_all_alone(page: Any) -> None:  # noqa: F811
     mount(page, base_state())
     page.locator(".nbc-row[data-tid=t1]").get_by_role("button", name="stop").click()
     page.get_by_role("button", name="stop cell").click()
@@ -614,7 +305,7 @@ def test_a_row_or_cell_stop_leaves_stop_all_alone(page: Any) -> None:
     assert page.locator(".nbc-row[data-tid=t1]").is_hidden()
 
 
-def test_counts_add_up_at_a_thousand_threads(page: Any) -> None:
+def test_counts_add_up_at_a_thousand_threads(page: Any) -> None:  # noqa: F811
     rows = [thread(f"t{i}", f"worker-{i}", 3) for i in range(1000)]
     groups = [{"key": "c3", "cell": 3, "threads": 1000, "items": 0}]
     cells = [{"n": 3, "line": "start(1000)", "outcome": "ok", "started_at": NOW - 10, "ended_at": NOW - 9}]
@@ -662,7 +353,7 @@ def test_counts_add_up_at_a_thousand_threads(page: Any) -> None:
 
 
 # ------------------------------------------------------------------------------------ busy, stale, clocks
-def test_an_unanswered_click_says_busy_in_a_c_call_within_a_second(page: Any) -> None:
+def test_an_unanswered_click_says_busy_in_a_c_call_within_a_second(page: Any) -> None:  # noqa: F811
     mount(page, base_state(header=header(running_cell=5, running_since=NOW - 3)))
     banner = page.locator(".nbc-banner")
     page.get_by_role("button", name="Stop background work").click()
@@ -680,7 +371,7 @@ def test_an_unanswered_click_says_busy_in_a_c_call_within_a_second(page: Any) ->
     assert banner.is_hidden()  # taken: the kernel runs Python again
 
 
-def test_beats_that_stop_while_a_cell_runs_are_shown(page: Any) -> None:
+def test_beats_that_stop_while_a_cell_runs_are_shown(page: Any) -> None:  # noqa: F811
     head = header(running_cell=5, running_since=NOW)
     mount(page, base_state(header=head))
     banner = page.locator(".nbc-banner")
@@ -701,7 +392,7 @@ def test_beats_that_stop_while_a_cell_runs_are_shown(page: Any) -> None:
     assert banner.is_visible()
 
 
-def test_a_view_whose_kernel_is_gone_says_so_and_sends_nothing(page: Any) -> None:
+def test_a_view_whose_kernel_is_gone_says_so_and_sends_nothing(page: Any) -> None:  # noqa: F811
     mount(page, base_state(last_stop=report("old-1", started_at=NOW - 5)))
     last = page.locator("[data-section=last-stop]")
     assert "5 s ago" in last.inner_text()
@@ -727,7 +418,7 @@ def test_a_view_whose_kernel_is_gone_says_so_and_sends_nothing(page: Any) -> Non
     assert "kernel gone at" in page.locator(".nbc-status").inner_text()
 
 
-def test_a_restarting_kernel_or_a_refused_send_turns_the_view_stale(page: Any) -> None:
+def test_a_restarting_kernel_or_a_refused_send_turns_the_view_stale(page: Any) -> None:  # noqa: F811
     mount(page, base_state())
     page.evaluate("window.model.kernelStatus('restarting')")
     page.locator(".nbc-banner", has_text="the kernel restarted").wait_for()
@@ -739,7 +430,7 @@ def test_a_restarting_kernel_or_a_refused_send_turns_the_view_stale(page: Any) -
     assert page.get_by_role("button", name="Stop all").is_disabled()
 
 
-def test_idle_times_follow_the_kernel_clock(page: Any) -> None:
+def test_idle_times_follow_the_kernel_clock(page: Any) -> None:  # noqa: F811
     skew = 3600.0  # the kernel's clock is an hour ahead of the browser's
     mount(page, base_state())
     (view,) = commands(page, "view")
@@ -755,7 +446,7 @@ def test_idle_times_follow_the_kernel_clock(page: Any) -> None:
     assert idle_seconds(page, "t1") in (first, first + 1, first + 2)
 
 
-def test_without_a_fast_route_a_click_waits_for_the_cell_and_says_so(page: Any) -> None:
+def test_without_a_fast_route_a_click_waits_for_the_cell_and_says_so(page: Any) -> None:  # noqa: F811
     head = header(running_cell=5, running_since=NOW, route="none")
     mount(page, base_state(header=head, _fast_route={"kind": "none", "comm_id": "abc"}))
     assert "no fast route" in page.locator(".nbc-status").inner_text()
@@ -769,7 +460,7 @@ def test_without_a_fast_route_a_click_waits_for_the_cell_and_says_so(page: Any) 
 
 
 # ----------------------------------------------------------------------------------------------- safety
-def test_hostile_names_are_inert_and_control_characters_shown_escaped(page: Any) -> None:
+def test_hostile_names_are_inert_and_control_characters_shown_escaped(page: Any) -> None:  # noqa: F811
     state = base_state(**FULL_EXTRAS)
     state["threads"][1]["name"] = HOSTILE
     state["threads"][1]["owners"] = [{"kind": "x", "label": HOSTILE, "closed": False}]
@@ -793,7 +484,7 @@ def test_hostile_names_are_inert_and_control_characters_shown_escaped(page: Any)
     assert page.evaluate("window.safe('a\\u2067b\\tc', true)") == "a\\u2067b\tc"
 
 
-def test_cleanup_removes_listeners_timers_and_says_goodbye(page: Any) -> None:
+def test_cleanup_removes_listeners_timers_and_says_goodbye(page: Any) -> None:  # noqa: F811
     mount(page, base_state())
     assert page.evaluate("window.model.listenerCount()") > 0
     page.clock.run_for(21_000)
@@ -808,7 +499,7 @@ def test_cleanup_removes_listeners_timers_and_says_goodbye(page: Any) -> None:
     assert len(sent(page)) == before
 
 
-def test_control_route_also_sends_on_the_control_channel(page: Any) -> None:
+def test_control_route_also_sends_on_the_control_channel(page: Any) -> None:  # noqa: F811
     mount(page, base_state(_fast_route={"kind": "control", "comm_id": "comm-1"}))
     page.get_by_role("button", name="Stop all").click()
     control = page.evaluate("window.model.control")
@@ -823,7 +514,7 @@ def test_control_route_also_sends_on_the_control_channel(page: Any) -> None:
     assert msg["content"]["data"]["content"] == ordinary
 
 
-def test_reclaim_button_where_the_kernel_can(page: Any) -> None:
+def test_reclaim_button_where_the_kernel_can(page: Any) -> None:  # noqa: F811
     mount(page, base_state())
     assert page.get_by_role("button", name="Reclaim memory").count() == 0
     set_trait(page, "header", header(reclaim=True))
@@ -845,7 +536,7 @@ def test_reclaim_button_where_the_kernel_can(page: Any) -> None:
     assert "freed 1.2 GiB on GPU 0" in page.locator("[data-section=outcome]").inner_text()
 
 
-def test_follows_the_jupyterlab_theme(page: Any) -> None:
+def test_follows_the_jupyterlab_theme(page: Any) -> None:  # noqa: F811
     page.evaluate(
         """() => { const s = document.body.style;
         s.setProperty('--jp-layout-color1', 'rgb(17, 17, 17)');
@@ -861,7 +552,7 @@ def test_follows_the_jupyterlab_theme(page: Any) -> None:
     assert styles == ["rgb(17, 17, 17)", "rgb(230, 230, 230)", "rgb(200, 30, 30)"]
 
 
-def test_module_shape(page: Any) -> None:
+def test_module_shape(page: Any) -> None:  # noqa: F811
     kinds = page.evaluate(
         """async () => { const m = await import('/panel.js');
         return [typeof m.default.render, typeof window.cleanup]; }"""
@@ -878,7 +569,7 @@ def blocked_seconds(text: str) -> float:
     return float(match.group(1))
 
 
-def idle_seconds(page: Any, tid: str) -> int:
+def idle_seconds(page: Any, tid: str) -> int:  # noqa: F811
     text = page.locator(f".nbc-row[data-tid={tid}]").inner_text()
     match = re.search(r"idle (\d+) s", text)
     assert match, text
@@ -996,7 +687,7 @@ def fleet_view(text: str) -> dict[str, Any]:
 def fleet_page(browser: Any) -> Iterator[Any]:  # noqa: F811
     module = (JS / "fleet.js").read_text(encoding="utf-8")
     context = browser.new_context()
-    page = context.new_page()
+    page = context.new_page()  # noqa: F811  (not the fixture: the fleet page's own)
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
@@ -1021,7 +712,7 @@ def fleet_page(browser: Any) -> Iterator[Any]:  # noqa: F811
 def test_the_server_page_shows_bidi_and_control_characters_in_names_escaped(fleet_page: Any) -> None:
     # The page's own escaping, whatever the server sent: a kernel or notebook name with a right-to-left override,
     # a newline, a NUL and a zero-width joiner is shown as escapes, in the text and in every tooltip.
-    page = fleet_page
+    page = fleet_page  # noqa: F811
     page.evaluate("(view) => window.mountFleet(view)", fleet_view(BIDI + HOSTILE))
     page.locator("tr[data-kernel-id] .nbf-path").first.wait_for()
     shown = "evil\\u202eexe.txt\\nnext\\u0000\\u200d" + HOSTILE

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from browser_support import browser  # noqa: F401  (the session's one Chromium)
-from test_panel_js import BIDI, HOSTILE, NOW, ORIGIN, base_state, header, mount, page, set_trait  # noqa: F401
+from panel_js_support import BIDI, HOSTILE, NOW, ORIGIN, base_state, header, mount, page, set_trait  # noqa: F401
 
 pytestmark = pytest.mark.browser
 

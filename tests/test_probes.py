@@ -577,7 +577,12 @@ TF_SCRIPT = textwrap.dedent(
     started_by_probe = context.context()._initialized
     tf.linalg.matmul(tf.ones((300, 300)), tf.ones((300, 300))).numpy()  # starts the runtime and its pools
     after = probe.sample([], names())
-    print(json.dumps({"started_by_probe": started_by_probe, "before": before, "after": after}))
+    try:  # TensorFlow's CPU allocator keeps statistics on some machines only (seen: none on an AMD EPYC here)
+        tf.config.experimental.get_memory_info("CPU:0")
+        cpu_stats = True
+    except ValueError:
+        cpu_stats = False
+    print(json.dumps({"started_by_probe": started_by_probe, "before": before, "after": after, "cpu_stats": cpu_stats}))
     """
 )
 
@@ -592,8 +597,11 @@ def test_tensorflow_native_threads_and_notes() -> None:
     # started, with no TensorFlow GPU device (CPU build): the process's GPU memory is not TensorFlow's
     assert after["gpu"]["tf_note"] is None
     assert before["host"]["tf_cpu_peak"] is None  # not read before the runtime started
-    assert after["host"]["tf_cpu_peak"] >= 300 * 300 * 4  # the matmul's result, at least
-    assert 0 <= after["host"]["tf_cpu_current"] <= after["host"]["tf_cpu_peak"]
+    if out["cpu_stats"]:
+        assert after["host"]["tf_cpu_peak"] >= 300 * 300 * 4  # the matmul's result, at least
+        assert 0 <= after["host"]["tf_cpu_current"] <= after["host"]["tf_cpu_peak"]
+    else:  # an allocator without statistics: no figure, rather than a wrong one
+        assert after["host"]["tf_cpu_peak"] is None and after["host"]["tf_cpu_current"] is None
 
     def native(res: dict[str, Any]) -> list[str]:
         return [r["name"] for r in res["native_threads"] if r["python_name"] is None]

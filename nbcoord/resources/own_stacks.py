@@ -19,7 +19,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from nbcoord.resources.stacks import StacksRead, called_c_function, unavailable
+from nbcoord.resources.stack_model import StacksRead
+from nbcoord.resources.stacks import called_c_function, unavailable
 
 PR_SET_PTRACER = 0x59616D61
 TIMEOUT_S = 20.0

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import os
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from nbcoord.resources.stacks import Deadlock, ThreadStack
+from nbcoord.resources.stack_model import Deadlock, ThreadStack
 
 _OBJECT = re.compile(r"<([\w.]+) at (0x[0-9a-f]+)>")
 _STDLIB_WAITS = {

@@ -36,6 +36,13 @@ import time
 from collections.abc import Iterable
 from typing import Any, TypedDict
 
+from nbcoord.resources.stack_model import (
+    Frame,
+    MainThread,
+    NativeFrame,
+    StacksRead,
+    ThreadStack,
+)
 from nbcoord.resources.stack_waits import name_waits
 
 SCHEMA = "nbcoord.stacks/1"
@@ -50,61 +57,6 @@ MAX_TEXT = 200
 #: A read while the kernel runs may see a stack change under it ("Invalid address in remote process"); it is tried
 #: this many times, a few milliseconds apart.
 ATTEMPTS = 5
-
-
-class Frame(TypedDict):
-    where: str
-    function: str
-    file: str
-    line: int
-    cell: int | None
-
-
-class NativeFrame(TypedDict):
-    symbol: str
-    library: str
-
-
-class ThreadStack(TypedDict):
-    tid: int
-    name: str
-    main: bool
-    holds_gil: bool
-    state: str
-    frames: list[Frame]
-    native: list[NativeFrame]
-    waits: str | None
-
-
-class MainThread(TypedDict):
-    tid: int
-    holds_gil: bool
-    in_c: bool | None
-    doing: str
-    cell: int | None
-    line: int | None
-    function: str | None
-    since: float | None
-    since_exact: bool
-
-
-class Deadlock(TypedDict):
-    tids: list[int]
-    text: str
-
-
-class StacksRead(TypedDict):
-    schema: str
-    pid: int | None
-    available: bool
-    reason: str | None
-    read_at: float
-    read_ms: float
-    paused_ms: float
-    native: bool
-    main: MainThread | None
-    threads: list[ThreadStack]
-    deadlocks: list[Deadlock]
 
 
 def unavailable(pid: int | None, reason: str, *, native: bool = False) -> StacksRead:

@@ -25,7 +25,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from nbcoord.resources.stacks import StacksRead, read_stacks, unavailable
+from nbcoord.resources.stack_model import StacksRead
+from nbcoord.resources.stacks import read_stacks, unavailable
 from nbcoord.server._outside import kernel_pid
 
 log = logging.getLogger("nbcoord.server")
