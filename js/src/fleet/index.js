@@ -25,7 +25,9 @@ export { render, safe };
 
 const page = typeof document !== "undefined" ? document.getElementById("nbcoord-fleet") : null;
 if (page && page.dataset.baseUrl) {
-  render(page, { baseUrl: page.dataset.baseUrl, interval: Number(page.dataset.interval) });
+  // ``?kernel=<id>``: that kernel alone (compared as a string with the rows' ids, never parsed as HTML).
+  const kernel = new URLSearchParams(window.location.search).get("kernel");
+  render(page, { baseUrl: page.dataset.baseUrl, interval: Number(page.dataset.interval), kernel });
 }
 
 export default { render, safe };

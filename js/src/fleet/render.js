@@ -39,7 +39,8 @@ function update(cell, key, build) {
 
 /**
  * @param {HTMLElement} root
- * @param {{ baseUrl?: string, interval?: number, fetch?: typeof fetch }} [options]
+ * @param {{ baseUrl?: string, interval?: number, fetch?: typeof fetch, kernel?: string | null }} [options]
+ *   ``kernel``: show only that kernel's row (the JupyterLab extension's "Show nbcoord panel": ``?kernel=<id>``)
  * @returns {() => void} cleanup
  */
 export function render(root, options = {}) {
@@ -97,7 +98,8 @@ export function render(root, options = {}) {
 
   /** @param {any} view */
   function draw(view) {
-    const kernels = Array.isArray(view.kernels) ? view.kernels : [];
+    const all = Array.isArray(view.kernels) ? view.kernels : [];
+    const kernels = options.kernel ? all.filter((/** @type {any} */ k) => String(k.id) === options.kernel) : all;
     const attention = kernels.filter((/** @type {any} */ k) => (k.attention || []).length).length;
     const gpu = view.gpu || {};
     const gpuText = gpu.available ? plural((gpu.devices || []).length, "GPU") : `no GPU figures (${gpu.reason || "unknown"})`;
