@@ -20,6 +20,7 @@ import os
 import signal
 import subprocess
 import threading
+import time
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -463,3 +464,20 @@ def test_the_page_lists_the_kernels_renders_names_as_text_and_stops_zombies(flee
         assert not problems, problems
     finally:
         context.close()
+
+
+def test_recent_views_are_shared_by_polls_and_never_by_other_requests(fleet: Fleet) -> None:
+    """``?recent=1`` (the JupyterLab extension's periodic polls): a view collected less than a second ago answers;
+    without it, every request is collected afresh; a bad flag is refused with a sentence."""
+    server = fleet.server
+    for _ in range(5):  # a pair of polls well within the second (a loaded machine may stall one)
+        first = server.api("GET", "/nbcoord/api/kernels?recent=1")
+        answered = time.monotonic()
+        again = server.api("GET", "/nbcoord/api/kernels?recent=1")
+        if time.monotonic() - answered < 0.5:
+            break
+    assert again["taken_at"] == first["taken_at"]
+    fresh = server.api("GET", "/nbcoord/api/kernels")
+    assert fresh["taken_at"] > first["taken_at"]
+    status, _headers, body = server.request("GET", "/nbcoord/api/kernels?recent=maybe")
+    assert status == 400 and '"recent" must be given once, as 1 or 0' in json.loads(body)["message"]

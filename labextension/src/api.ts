@@ -55,8 +55,10 @@ async function failure(response: Response): Promise<Error> {
   return new Error(message);
 }
 
-export async function fetchKernels(settings: ServerConnection.ISettings): Promise<IFleetView> {
-  const url = URLExt.join(settings.baseUrl, 'nbcoord/api/kernels');
+export async function fetchKernels(settings: ServerConnection.ISettings, fresh = false): Promise<IFleetView> {
+  // A periodic poll lets the server answer with a view it collected less than 1 s ago (for another page: open pages
+  // share it); a refresh because something changed (`fresh`) asks for one collected now.
+  const url = URLExt.join(settings.baseUrl, 'nbcoord/api/kernels') + (fresh ? '' : '?recent=1');
   const response = await ServerConnection.makeRequest(url, { method: 'GET' }, settings);
   if (!response.ok) {
     throw await failure(response);

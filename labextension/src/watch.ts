@@ -59,6 +59,8 @@ export class KernelsWatch {
     const wait = Math.max(0, this._last + MIN_GAP_MS - Date.now());
     this._timer = window.setTimeout(() => {
       this._timer = 0;
+      // Something changed: a fresh view, not one the server collected up to 1 s ago for another page.
+      this._fresh = true;
       void this._poll.refresh();
     }, wait);
   }
@@ -80,8 +82,10 @@ export class KernelsWatch {
       return; // no notebook to show a kernel of, or hidden: nothing to ask
     }
     this._last = Date.now();
+    const fresh = this._fresh;
+    this._fresh = false;
     try {
-      const view = await fetchKernels(this._settings);
+      const view = await fetchKernels(this._settings, fresh);
       this._rows = new Map(view.kernels.map(row => [row.id, row]));
       this._error = null;
       this._answered = true;
@@ -101,5 +105,6 @@ export class KernelsWatch {
   private _answered = false;
   private _last = 0;
   private _timer = 0;
+  private _fresh = false;
   private _changed = new Signal<this, void>(this);
 }

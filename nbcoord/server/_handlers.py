@@ -117,14 +117,19 @@ class _Api(_Mixin, APIHandler):
 
 
 class KernelsHandler(_Api):
-    """``GET /nbcoord/api/kernels``: every kernel, one view (schema in :mod:`nbcoord.server._model`)."""
+    """``GET /nbcoord/api/kernels[?recent=1]``: every kernel, one view (schema in :mod:`nbcoord.server._model`);
+    with ``recent=1``, a view collected less than a second ago will do (periodic polls of many pages share it)."""
 
     _track_activity = False
 
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        self.write_json(await self.fleet.view())
+        try:
+            recent = parse_flag("recent", self.get_query_arguments("recent"))
+        except BadRequest as error:
+            raise refuse(error.status, error.message) from None
+        self.write_json(await self.fleet.view(recent=recent))
 
 
 class StopHandler(_Api):
