@@ -48,6 +48,7 @@ PLAN: list[tuple[str, list[str], list[str]]] = [
     ("tf_interrupt", [], ["--quick"]),
     ("server", [], ["--quick"]),
     ("stacks", [], ["--reads", "5"]),
+    ("labextension", [], ["--window", "15"]),
     ("output", [], ["--quick"]),
     ("ledger", [], ["--quick"]),
     ("idle", ["--window", "30", "--loads", "5"], ["--window", "10", "--loads", "2"]),
