@@ -15,6 +15,7 @@ import sys
 import textwrap
 import threading
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -269,6 +270,20 @@ def test_the_called_c_function_is_the_one_below_the_evaluation_loop() -> None:
     assert called_c_function([]) is None
 
 
+class Kernels:
+    """The server's kernel manager as the stack reader uses it (``get_kernel``, ``in``), for one kernel process
+    started by the test: the reader's part that needs no server."""
+
+    def __init__(self, manager: Any) -> None:
+        self.manager = manager
+
+    def get_kernel(self, _kernel_id: str) -> Any:
+        return self.manager
+
+    def __contains__(self, _kernel_id: object) -> bool:
+        return True
+
+
 def test_the_kernels_parent_never_stops_it() -> None:
     """The server is its kernels' parent, and watches them with ``Popen.poll`` (jupyter_client's ``is_alive``). A
     ptrace stop made by the parent itself can reach that ``waitpid`` too: ``poll`` returns -19 (the kernel taken for
@@ -276,7 +291,6 @@ def test_the_kernels_parent_never_stops_it() -> None:
     reads are made by a child process instead: here, this process plays the server, and the kernel's TracerPid
     during the reads must never be this process."""
     import asyncio
-    from types import SimpleNamespace
 
     from nbcoord.server._stacks import StacksReader
 
@@ -284,7 +298,7 @@ def test_the_kernels_parent_never_stops_it() -> None:
     try:
         wait_until(lambda: read_stacks(child.pid)["available"], timeout=20, what="the child readable")
         manager = SimpleNamespace(provisioner=SimpleNamespace(pid=child.pid))
-        reader = StacksReader(SimpleNamespace(get_kernel=lambda _kid: manager))
+        reader = StacksReader(Kernels(manager))
         polls: list[int | None] = []
         tracers: set[int] = set()
         mine: set[int] = set()
@@ -356,12 +370,11 @@ def test_threads_native_names_the_c_function_of_a_thread_stuck_in_c(kernel: Kern
 def test_a_remote_kernel_is_said_plainly() -> None:
     """A kernel whose process is not on the server's machine (a remote provisioner: no pid) is not read at all."""
     import asyncio
-    from types import SimpleNamespace
 
     from nbcoord.server._stacks import StacksReader
 
     remote = SimpleNamespace(provisioner=SimpleNamespace(pid=None, process=None))
-    reader = StacksReader(SimpleNamespace(get_kernel=lambda _kid: remote))
+    reader = StacksReader(Kernels(remote))
     try:
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             read = pool.submit(asyncio.run, reader.read("remote", native=False)).result()
@@ -369,3 +382,32 @@ def test_a_remote_kernel_is_said_plainly() -> None:
         reader.close()
     assert read["available"] is False and read["pid"] is None
     assert read["reason"].startswith("This kernel's process is not on the server's machine (a remote kernel)")
+
+
+def test_reads_are_kept_only_for_the_servers_kernels() -> None:
+    """Nothing grows with the kernels that ended: the reader keeps its per-kernel state (the last native read) only
+    for kernels the server still has."""
+    import asyncio
+
+    from nbcoord.server._stacks import StacksReader
+
+    class Ending(Kernels):
+        def __init__(self, manager: Any) -> None:
+            super().__init__(manager)
+            self.gone: set[str] = set()
+
+        def __contains__(self, kernel_id: object) -> bool:
+            return kernel_id not in self.gone
+
+    kernels = Ending(SimpleNamespace(provisioner=SimpleNamespace(pid=os.getpid())))
+    reader = StacksReader(kernels)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            for kernel_id in ("first", "second"):
+                assert pool.submit(asyncio.run, reader.read(kernel_id, native=False)).result()["available"]
+            assert set(reader._reads) == {"first", "second"}
+            kernels.gone.add("first")
+            pool.submit(asyncio.run, reader.read("third", native=False)).result()
+        assert set(reader._reads) == {"second", "third"}
+    finally:
+        reader.close()

@@ -68,6 +68,8 @@ class StacksReader:
             found = unavailable(None, "This kernel's process is not on the server's machine (a remote kernel): its "
                                       "stacks cannot be read from here.", native=native)  # fmt: skip
             return {"kernel_id": kernel_id, **found}
+        for gone in [kid for kid in self._reads if kid != kernel_id and kid not in self._kernels]:
+            del self._reads[gone]  # kept only for the server's kernels: nothing grows with the kernels that ended
         reads = self._reads.setdefault(kernel_id, _Reads())
         if native and reads.last_native is not None and time.monotonic() - reads.last_native_at < NATIVE_INTERVAL_S:
             return {"kernel_id": kernel_id, **reads.last_native, "repeated": True}
@@ -133,9 +135,6 @@ class StacksReader:
             log.warning("nbcoord: the native stack reader failed: %s", err.decode("utf-8", "replace")[-500:])
             return unavailable(pid, "The native stack reader failed (the server's log says why).", native=True)
         return found
-
-    def forget(self, kernel_id: str) -> None:
-        self._reads.pop(kernel_id, None)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False)
