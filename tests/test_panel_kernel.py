@@ -662,7 +662,7 @@ def test_one_row_changed_at_a_thousand_threads_sends_that_row_and_a_view_that_as
     """1000 threads that wait on an Event: one renamed, one ended, each costs a rows message of a few hundred
     bytes (the whole list is about 245 KB); a view that asks for every row gets one full copy."""
     pk.run("nbcoord.stop_all()")  # no threads of earlier tests: 1001 rows, all sent (MAX_THREAD_ROWS)
-    pk.open_view()
+    view = pk.open_view()
     wait_until(lambda: pk.value("controller.watched()"), 10, what="the view to be seen")
     pk.run(
         "diff_hold, diff_end = threading.Event(), threading.Event()\n"
@@ -671,7 +671,7 @@ def test_one_row_changed_at_a_thousand_threads_sends_that_row_and_a_view_that_as
         "for t in diff_threads:\n    t.start()"
     )
     try:
-        _one_row_and_every_row(pk)
+        _one_row_and_every_row(pk, view)
     finally:
         pk.run("diff_hold.set(); diff_end.set()")
 
@@ -693,7 +693,14 @@ def _removed(message: dict[str, Any]) -> bool:
     return bool(message.get("threads", {}).get("remove"))
 
 
-def _one_row_and_every_row(pk: PanelKernel) -> None:
+def _renew(pk: PanelKernel, view: str) -> None:
+    """What the view's module does every 20 s (VIEW_RENEW_S): renew its lease, so that the panel keeps sending. This
+    test takes about a minute at 1000 threads, longer than a lease (60 s): without it, the sender parks midway."""
+    pk.send({"type": "view", "view_id": view, "action": "alive", "click_id": f"{view}-{int(time.monotonic() * 1000)}"})
+    wait_until(lambda: pk.value("controller.watched()"), 10, what="the view's lease renewed")
+
+
+def _one_row_and_every_row(pk: PanelKernel, view: str) -> None:
     def ours() -> list[dict[str, Any]]:
         return [r for r in pk.state().get("threads", []) if r["name"].startswith("diff-")]
 
@@ -703,6 +710,7 @@ def _one_row_and_every_row(pk: PanelKernel) -> None:
         return len(rows) == 1001 and all(r["last_active"] is not None for r in rows)
 
     wait_until(settled, 60, 0.2, "the 1001 threads, idle, in the panel")
+    _renew(pk, view)
     tick = pk.value("controller._wait()")  # read before: running a cell is a change (the cells name the running one)
 
     def quiet() -> bool:
@@ -715,6 +723,7 @@ def _one_row_and_every_row(pk: PanelKernel) -> None:
         ("renamed", "diff_threads[500].name = 'diff-renamed'", _renamed),
         ("ended", "diff_end.set(); diff_threads[-1].join(5)", _removed),
     ):
+        _renew(pk, view)
         since = time.time()
         pk.run(code)
         at, message = _first_rows(pk, since, seen, f"the {change} row")
@@ -726,6 +735,7 @@ def _one_row_and_every_row(pk: PanelKernel) -> None:
     assert "diff-renamed" in names and "diff-last" not in names and len(names) == 1000
 
     # A view that asks for every row gets them, once.
+    _renew(pk, view)
     copies = pk.value("controller._traits.rows.full_copies")
     since = time.time()
     view = f"view{uuid.uuid4().hex[:8]}"
