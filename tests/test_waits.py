@@ -77,8 +77,9 @@ def ended() -> Iterator[list[threading.Thread]]:
 
 
 # ------------------------------------------------------------------------------------------------ locks
-def test_a_two_lock_deadlock_is_named_with_both_locks_and_stacks(ended: list[threading.Thread]) -> None:
-    a, b = threading.Lock(), threading.Lock()
+def start_deadlock(a: threading.Lock, b: threading.Lock) -> tuple[threading.Thread, threading.Thread]:
+    """Threads 'one' (holds a, then waits for b at ``with b:``) and 'two' (holds b, waits for a at ``with a:``).
+    The test lets them go by releasing ``a``: two takes it and ends, releasing b, and one ends."""
     got_a, got_b = threading.Event(), threading.Event()
 
     def one() -> None:
@@ -88,7 +89,7 @@ def test_a_two_lock_deadlock_is_named_with_both_locks_and_stacks(ended: list[thr
                 got_b.wait(10)
                 with b:
                     pass
-        except RuntimeError:  # the test let the deadlock go by releasing a: one's exit finds a released
+        except RuntimeError:  # released by the test: one's exit finds a released
             pass
 
     def two() -> None:
@@ -101,7 +102,12 @@ def test_a_two_lock_deadlock_is_named_with_both_locks_and_stacks(ended: list[thr
         except RuntimeError:
             pass
 
-    first, second = start(one, "one"), start(two, "two")
+    return start(one, "one"), start(two, "two")
+
+
+def test_a_two_lock_deadlock_is_named_with_both_locks_and_stacks(ended: list[threading.Thread]) -> None:
+    a, b = threading.Lock(), threading.Lock()
+    first, second = start_deadlock(a, b)
     ended += [first, second]
     try:
         wait_until(lambda: at(first, "with b:") and at(second, "with a:"), what="both threads at their second lock")
@@ -414,33 +420,11 @@ def test_parsed_sources_are_cached(ended: list[threading.Thread]) -> None:
 def test_a_hundred_waiting_threads_and_a_deadlock_in_milliseconds(ended: list[threading.Thread]) -> None:
     gate = threading.Event()
     a, b = threading.Lock(), threading.Lock()
-    got_a, got_b = threading.Event(), threading.Event()
-
-    def one() -> None:
-        try:
-            with a:
-                got_a.set()
-                got_b.wait(10)
-                with b:
-                    pass
-        except RuntimeError:
-            pass
-
-    def two() -> None:
-        try:
-            with b:
-                got_b.set()
-                got_a.wait(10)
-                with a:
-                    pass
-        except RuntimeError:
-            pass
-
     def idle() -> None:
         gate.wait()
 
     many = [start(idle, f"idle-{i}") for i in range(100)]
-    first, second = start(one, "one"), start(two, "two")
+    first, second = start_deadlock(a, b)
     ended += [*many, first, second]
     try:
         wait_until(lambda: at(first, "with b:") and at(second, "with a:")

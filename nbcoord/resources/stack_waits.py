@@ -16,7 +16,7 @@ import os
 import re
 from typing import Any
 
-from nbcoord.resources.stack_model import Deadlock, ThreadStack
+from nbcoord.resources.stack_model import ThreadStack
 
 _OBJECT = re.compile(r"<([\w.]+) at (0x[0-9a-f]+)>")
 _STDLIB_WAITS = {
@@ -40,9 +40,9 @@ def _self_of(frame: Any) -> tuple[str, str] | None:
     return _object(arguments.get("self"))
 
 
-def name_waits(threads: list[Any], stacks: list[ThreadStack]) -> tuple[dict[int, str], list[Deadlock]]:
-    """Each thread's wait, by tid (threads that wait on nothing nameable are left out), and the deadlocks that can
-    be seen from outside (none: a cycle needs the owners of locks, which only the kernel knows)."""
+def name_waits(threads: list[Any], stacks: list[ThreadStack]) -> dict[int, str]:
+    """Each thread's wait, by tid (threads that wait on nothing nameable are left out). Deadlocks cannot be seen
+    from outside: a cycle needs the owners of locks, which only the kernel knows."""
     thread_by_address: dict[str, int] = {}
     for thread in threads:
         frames = list(thread.frames)
@@ -60,7 +60,7 @@ def name_waits(threads: list[Any], stacks: list[ThreadStack]) -> tuple[dict[int,
                 text = "a lock"
         if text is not None:
             waits[int(thread.tid)] = text
-    return waits, []
+    return waits
 
 
 def _wait_of(frames: list[Any], thread_by_address: dict[str, int]) -> str | None:

@@ -105,7 +105,7 @@ def read_stacks(pid: int, *, native: bool = False, module: str = "pystack") -> S
     mark = _find_mark(threads)
     if mark is not None:
         _name_cells(stacks, mark)
-    waits, deadlocks = name_waits(threads, stacks)
+    waits = name_waits(threads, stacks)
     for stack in stacks:
         stack["waits"] = waits.get(stack["tid"])
     main = next((stack for stack in stacks if stack["main"]), None)
@@ -121,7 +121,7 @@ def read_stacks(pid: int, *, native: bool = False, module: str = "pystack") -> S
         native=native,
         main=_main_thread(main, mark, native) if main is not None else None,
         threads=stacks,
-        deadlocks=deadlocks,
+        deadlocks=[],  # named by the kernel itself when it can answer (nbcoord.server._stacks.merge_waits)
     )
 
 
